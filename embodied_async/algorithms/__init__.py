@@ -1,0 +1,27 @@
+"""Pure-torch RL algorithm pieces: GAE, decoupled PPO loss, staleness."""
+
+from embodied_async.algorithms.advantages import (
+    compute_gae,
+    explained_variance,
+    normalize_advantages,
+)
+from embodied_async.algorithms.ppo_loss import (
+    decoupled_ppo_actor_loss,
+    masked_mean,
+    value_loss,
+)
+from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
+from embodied_async.algorithms.staleness import StalenessFilter, is_fresh, staleness
+
+__all__ = [
+    "StalenessFilter",
+    "compute_gae",
+    "decoupled_ppo_actor_loss",
+    "explained_variance",
+    "interpolate_proximal_logprobs",
+    "is_fresh",
+    "masked_mean",
+    "normalize_advantages",
+    "staleness",
+    "value_loss",
+]

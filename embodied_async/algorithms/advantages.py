@@ -1,0 +1,123 @@
+"""Advantage estimation and normalisation (pure torch)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    next_values: torch.Tensor,
+    bootstrap_values: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation over a [T, B] rollout.
+
+    Args:
+        rewards: [T, B] reward of the action taken at step t.
+        values: [T, B] V(s_t) under the critic that scored the rollout.
+        dones: [T, B] bool; True when the episode ended after the action at t.
+            The sub-env was auto-reset, so values[t + 1] belongs to a new
+            episode and must not be bootstrapped from.
+        next_values: [B] value of the observation after the last step.
+        bootstrap_values: [T, B] V(final observation) where the episode ended
+            at t but should still be bootstrapped (truncation or a
+            non-terminal termination); 0 elsewhere.
+        gamma: discount factor.
+        gae_lambda: GAE lambda.
+
+    Returns:
+        (advantages, returns), both float32 [T, B]; returns = advantages + values.
+    """
+    rewards = rewards.float()
+    values = values.float()
+    bootstrap_values = bootstrap_values.float()
+    not_done = 1.0 - dones.float()
+    num_steps = rewards.shape[0]
+
+    advantages = torch.zeros_like(rewards)
+    last_adv = torch.zeros_like(rewards[0])
+    for t in reversed(range(num_steps)):
+        v_next = next_values.float() if t == num_steps - 1 else values[t + 1]
+        # On a done, V_{t+1} is a new episode's value: zero it and use the
+        # caller-provided bootstrap (0 for a true terminal) instead.
+        target = rewards[t] + gamma * (v_next * not_done[t] + bootstrap_values[t])
+        delta = target - values[t]
+        # The advantage recursion is cut at episode boundaries.
+        last_adv = delta + gamma * gae_lambda * not_done[t] * last_adv
+        advantages[t] = last_adv
+    return advantages, advantages + values
+
+
+def _masked_moments(
+    x: torch.Tensor, mask: torch.Tensor, all_reduce: Optional[AllReduce]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and population std of x[mask], optionally across ranks."""
+    x = x.float()
+    m = mask.float()
+    # One packed reduce instead of three: sum, sum of squares, count.
+    stats = torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()])
+    if all_reduce is not None:
+        stats = all_reduce(stats)
+    total, total_sq, count = stats.unbind()
+    count = count.clamp(min=1.0)
+    mean = total / count
+    # E[x^2] - E[x]^2 can dip below 0 from rounding; clamp before sqrt.
+    var = (total_sq / count - mean * mean).clamp(min=0.0)
+    return mean, var.sqrt()
+
+
+@torch.no_grad()
+def normalize_advantages(
+    advantages: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    eps: float = 1e-8,
+    all_reduce: Optional[AllReduce] = None,
+) -> torch.Tensor:
+    """Normalise advantages to zero mean / unit (population) std.
+
+    Args:
+        advantages: tensor of any shape.
+        mask: optional bool tensor of the same shape; statistics use only the
+            True entries and masked-out entries are returned as 0.
+        eps: added to the std to avoid division by zero.
+        all_reduce: optional callable summing a 1-D tensor across data-parallel
+            ranks, so every rank normalises with the global statistics.
+    """
+    if mask is None:
+        mask = torch.ones_like(advantages, dtype=torch.bool)
+    mask = mask.bool()
+    mean, std = _masked_moments(advantages, mask, all_reduce)
+    normalized = (advantages.float() - mean) / (std + eps)
+    return torch.where(mask, normalized, torch.zeros_like(normalized))
+
+
+@torch.no_grad()
+def explained_variance(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+) -> float:
+    """1 - Var(returns - values) / Var(returns); nan when Var(returns) == 0.
+
+    1 means a perfect critic, 0 one no better than a constant, < 0 worse.
+    """
+    values = values.float()
+    returns = returns.float()
+    if mask is not None:
+        values = values[mask.bool()]
+        returns = returns[mask.bool()]
+    if returns.numel() == 0:
+        return float("nan")
+    var_returns = returns.var(unbiased=False)
+    if var_returns.item() == 0.0:
+        return float("nan")
+    return float(1.0 - (returns - values).var(unbiased=False) / var_returns)

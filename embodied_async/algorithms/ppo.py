@@ -1,0 +1,145 @@
+"""One decoupled-PPO update over a flat batch, read top to bottom (CleanRL style).
+
+Data parallelism enters only through ``all_reduce_sum`` (sums a tensor over ranks; identity for
+one rank): gradients are averaged by FSDP, and every normaliser here is a global count divided by
+the world size, so N ranks on N shards give the same update as one rank on the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+
+from embodied_async.algorithms.advantages import normalize_advantages
+from embodied_async.algorithms.ppo_loss import decoupled_ppo_actor_loss, masked_mean, value_loss
+from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
+
+
+@dataclass
+class PPOBatch:
+    """Flat samples ``[N, ...]`` of this rank."""
+
+    forward_inputs: Dict[str, torch.Tensor]
+    actions: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    versions: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+    def rows(self, index: torch.Tensor) -> "PPOBatch":
+        return PPOBatch({k: v[index] for k, v in self.forward_inputs.items()}, self.actions[index],
+                        self.behaviour_logprobs[index], self.old_values[index], self.advantages[index],
+                        self.returns[index], self.versions[index], self.loss_mask[index])
+
+
+@dataclass
+class UpdateSettings:
+    epochs: int
+    minibatch_size: int  # per rank
+    micro_batch_size: int  # per rank
+    world_size: int
+    version: int  # the actor's version before this update (= the proximal policy's)
+    recompute_logprobs: bool
+    train_policy: bool  # False during critic warm-up
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    behave_weight_threshold: Optional[float]
+    value_clip: Optional[float]
+    huber_delta: float
+    value_loss_coef: float
+    entropy_coef: float
+    normalize_advantages: bool
+    target_kl: Optional[float]
+    max_grad_norm: float
+
+
+def _to(device, batch: PPOBatch) -> PPOBatch:
+    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+    return PPOBatch({k: move(v) for k, v in batch.forward_inputs.items()}, *(move(getattr(batch, f)) for f in (
+        "actions", "behaviour_logprobs", "old_values", "advantages", "returns", "versions", "loss_mask")))
+
+
+@torch.no_grad()
+def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device) -> torch.Tensor:
+    """log pi_proximal: the current (pre-update) policy's log-probs of the stored actions."""
+    out = []
+    for start in range(0, len(batch), micro_batch_size):
+        micro = _to(device, batch.rows(torch.arange(start, min(start + micro_batch_size, len(batch)))))
+        out.append(policy.evaluate(micro.forward_inputs, micro.actions)[0].float().cpu())
+    return torch.cat(out)
+
+
+def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
+               generator: torch.Generator, device="cpu") -> Dict[str, float]:
+    # ---- proximal log-probs: a forward pass now, or interpolated by version per minibatch ----
+    proximal = recompute_logprobs(policy, batch, s.micro_batch_size, device) if s.recompute_logprobs else None
+
+    # ---- advantage normalisation with global statistics ----
+    if s.normalize_advantages:
+        batch.advantages = normalize_advantages(batch.advantages, batch.loss_mask, all_reduce=all_reduce_sum)
+
+    sums: Dict[str, float] = defaultdict(float)
+    counts: Dict[str, int] = defaultdict(int)
+    epochs_run = 0
+    for _ in range(s.epochs):
+        epoch_kl, epoch_minibatches = 0.0, 0
+        order = torch.randperm(len(batch), generator=generator)
+        for mb_start in range(0, len(batch), s.minibatch_size):
+            mb_index = order[mb_start:mb_start + s.minibatch_size]
+            # every rank divides by the global valid count / world: FSDP averages over ranks
+            valid = all_reduce_sum(batch.loss_mask[mb_index].sum().float().reshape(1))[0]
+            normalizer = max(float(valid), 1.0) / s.world_size
+            optimizer.zero_grad(set_to_none=True)
+            for mc_start in range(0, len(mb_index), s.micro_batch_size):
+                index = mb_index[mc_start:mc_start + s.micro_batch_size]
+                mc = _to(device, batch.rows(index))
+                # ---- forward: current log-probs, entropy, values ----
+                logprobs, entropy, values = policy.evaluate(mc.forward_inputs, mc.actions)
+                logprobs, values = logprobs.float(), values.float()
+                if proximal is not None:
+                    prox = proximal[index].to(device)
+                else:
+                    prox = interpolate_proximal_logprobs(mc.behaviour_logprobs, logprobs.detach(), mc.versions,
+                                                         s.version, s.version + 1)
+                # ---- losses: decoupled clipped policy loss, clipped Huber value loss, entropy ----
+                pg_loss, pg_metrics = decoupled_ppo_actor_loss(
+                    logprobs, prox, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, s.clip_ratio_low,
+                    s.clip_ratio_high, s.clip_ratio_c, s.behave_weight_threshold, loss_normalizer=normalizer)
+                v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, s.value_clip, s.huber_delta,
+                                               mc.loss_mask, loss_normalizer=normalizer)
+                ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
+                loss = s.value_loss_coef * v_loss
+                if s.train_policy:
+                    loss = loss + pg_loss - s.entropy_coef * ent
+                loss.backward()
+                # ---- bookkeeping (metrics are means over micro-batches) ----
+                for name, value in {**pg_metrics, **v_metrics, "entropy": float(ent.detach()) * normalizer /
+                                    max(float(mc.loss_mask.sum()), 1.0)}.items():
+                    sums[name] += value
+                    counts[name] += 1
+                epoch_kl += pg_metrics["proximal_approx_kl"]
+                epoch_minibatches += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            sums["grad_norm"] += float(grad_norm)
+            counts["grad_norm"] += 1
+            optimizer.step()
+        epochs_run += 1
+        # ---- early stop once the policy moved too far from the proximal anchor ----
+        kl = all_reduce_sum(torch.tensor([epoch_kl / max(epoch_minibatches, 1)]))[0] / s.world_size
+        if s.target_kl is not None and s.train_policy and float(kl) > s.target_kl:
+            break
+
+    metrics = {name: sums[name] / counts[name] for name in sums}
+    metrics["epochs"] = float(epochs_run)
+    return metrics

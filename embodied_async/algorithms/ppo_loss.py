@@ -1,0 +1,173 @@
+"""Decoupled PPO actor loss and clipped value loss (pure torch).
+
+The decoupled objective (AReaL / RLinf async PPO) separates three policies:
+behaviour pi_b (sampled the action, possibly several versions old), proximal
+pi_p (the trust-region anchor of this update) and current pi_theta. The ratio
+r = pi_theta / pi_p is clipped as in PPO, while the importance weight
+w = pi_p / pi_b corrects for off-policy sampling and is never differentiated.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+Normalizer = Optional[Union[float, torch.Tensor]]
+
+
+def masked_mean(
+    x: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    denom: Normalizer = None,
+) -> torch.Tensor:
+    """sum(x[mask]) / denom, with denom defaulting to max(mask.sum(), 1).
+
+    Passing `denom` lets data-parallel ranks divide by a global count so the
+    summed gradients equal those of one big batch.
+    """
+    if mask is None:
+        mask = torch.ones_like(x, dtype=torch.bool)
+    mask = mask.bool()
+    # where (not multiply) so inf/nan in masked-out entries cannot leak in.
+    total = torch.where(mask, x, torch.zeros_like(x)).sum()
+    if denom is None:
+        denom = mask.sum().clamp(min=1).to(x.dtype)
+    return total / denom
+
+
+def _fraction(flag: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(masked_mean(flag.float(), mask))
+
+
+def decoupled_ppo_actor_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: Optional[torch.Tensor] = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: Optional[float] = 3.0,
+    behave_weight_threshold: Optional[float] = None,
+    loss_normalizer: Normalizer = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Decoupled PPO policy loss with dual clip and behaviour-weight masking.
+
+    All log-probs are per action (summed over action dims), shape [N]. Only
+    `logprobs` receives gradient.
+
+    Args:
+        logprobs: log pi_theta(a), current policy.
+        proximal_logprobs: log pi_p(a), anchor of the trust region.
+        behaviour_logprobs: log pi_b(a), the policy that sampled a.
+        advantages: [N] advantage estimates.
+        loss_mask: [N] bool; False entries contribute nothing.
+        clip_ratio_low / clip_ratio_high: ratio clipped to [1 - low, 1 + high].
+        clip_ratio_c: dual-clip constant (> 1) bounding the loss for A < 0;
+            None disables dual clip.
+        behave_weight_threshold: samples with w = pi_p / pi_b above this are
+            masked out (too off-policy); None disables.
+        loss_normalizer: optional denominator (e.g. global token count).
+
+    Returns:
+        (scalar loss, metrics dict of python floats).
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    if loss_mask is None:
+        loss_mask = torch.ones_like(advantages, dtype=torch.bool)
+    loss_mask = loss_mask.bool()
+    advantages = advantages.detach()
+    proximal_logprobs = proximal_logprobs.detach()
+    behaviour_logprobs = behaviour_logprobs.detach()
+
+    log_ratio = logprobs - proximal_logprobs
+    ratio = torch.exp(log_ratio)
+    log_behav_weight = proximal_logprobs - behaviour_logprobs
+    behav_weight = torch.exp(log_behav_weight)
+
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = torch.max(pg_loss1, pg_loss2)
+
+    negative_adv = advantages < 0
+    if clip_ratio_c is not None:
+        # Dual clip: with A < 0 a huge ratio would make the loss unbounded;
+        # cap it at c * |A| (the gradient there is zero).
+        dual_bound = -advantages * clip_ratio_c
+        per_sample = torch.where(negative_adv, torch.min(clipped, dual_bound), clipped)
+        dual_active = negative_adv & (dual_bound < clipped)
+    else:
+        per_sample = clipped
+        dual_active = torch.zeros_like(loss_mask)
+
+    if behave_weight_threshold is not None:
+        behav_masked = behav_weight > behave_weight_threshold
+    else:
+        behav_masked = torch.zeros_like(loss_mask)
+    effective_mask = loss_mask & ~behav_masked
+
+    per_sample = behav_weight * per_sample
+    loss = masked_mean(per_sample, effective_mask, loss_normalizer)
+
+    with torch.no_grad():
+        metrics = {
+            "policy_loss": float(loss),
+            # Low-variance KL estimator k3 = (r - 1) - log r.
+            "proximal_approx_kl": float(
+                masked_mean((ratio - 1.0) - log_ratio, loss_mask)
+            ),
+            "behav_approx_kl": float(
+                masked_mean((behav_weight - 1.0) - log_behav_weight, loss_mask)
+            ),
+            "clip_fraction": _fraction(pg_loss2 > pg_loss1, loss_mask),
+            "dual_clip_fraction": _fraction(dual_active, loss_mask),
+            "behav_clip_fraction": _fraction(behav_masked, loss_mask),
+            "ratio_mean": float(masked_mean(ratio, loss_mask)),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    value_clip: Optional[float] = None,
+    huber_delta: float = 10.0,
+    loss_mask: Optional[torch.Tensor] = None,
+    loss_normalizer: Normalizer = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Huber value loss, optionally PPO-clipped around `old_values`.
+
+    With `value_clip`, the prediction is also clipped to
+    old_values +- value_clip and the elementwise max of both losses is used,
+    so the critic cannot profit from moving far from its rollout estimate.
+
+    Returns:
+        (scalar loss, {"value_loss", "value_clip_fraction"}).
+    """
+    if loss_mask is None:
+        loss_mask = torch.ones_like(values, dtype=torch.bool)
+    loss_mask = loss_mask.bool()
+    returns = returns.detach()
+    old_values = old_values.detach()
+
+    unclipped = F.huber_loss(values, returns, reduction="none", delta=huber_delta)
+    if value_clip is not None:
+        clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped = F.huber_loss(clipped_values, returns, reduction="none", delta=huber_delta)
+        per_sample = torch.max(unclipped, clipped)
+        clip_active = clipped > unclipped
+    else:
+        per_sample = unclipped
+        clip_active = torch.zeros_like(loss_mask)
+
+    loss = masked_mean(per_sample, loss_mask, loss_normalizer)
+    with torch.no_grad():
+        metrics = {
+            "value_loss": float(loss),
+            "value_clip_fraction": _fraction(clip_active, loss_mask),
+        }
+    return loss, metrics

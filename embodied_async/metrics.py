@@ -1,0 +1,64 @@
+"""Metric sinks: metrics.jsonl (one object per training step), TensorBoard, a progress line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Dict, Optional
+
+
+def pool_env_metrics(parts, interval_s: float) -> Dict[str, float]:
+    """Pool the per-env-worker sums into DESIGN.md metric names."""
+    total = lambda key: sum(p.get(key, 0.0) for p in parts)  # noqa: E731
+    episodes, steps = total("episodes"), total("env_steps")
+    out = {"env/env_steps": steps, "env/episodes": episodes, "env/nonfinite_dropped": total("nonfinite_dropped"),
+           "time/env": total("time_env") / max(len(parts), 1),
+           "throughput/env_steps_per_s": steps / interval_s if interval_s > 0 else 0.0}
+    if episodes:
+        out.update({"env/success_rate": total("success_sum") / episodes,
+                    "env/episode_return": total("return_sum") / episodes,
+                    "env/episode_len": total("len_sum") / episodes})
+    return out
+
+
+class MetricLogger:
+    def __init__(self, log_path: str, tensorboard: bool = True):
+        os.makedirs(log_path, exist_ok=True)
+        self.path = os.path.join(log_path, "metrics.jsonl")
+        self._file = open(self.path, "a", buffering=1)
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(os.path.join(log_path, "tensorboard"))
+
+    def log(self, record: Dict[str, float]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        if self._writer is not None:
+            step = int(record["step"])
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[float]) -> str:
+    success = record.get("env/success_rate")
+    parts = [f"step {int(record['step'])}/{max_steps}", f"env steps {int(record['env_steps'])}",
+             f"success {success:.2f}" if success is not None else "success  -  ",
+             f"eval {last_eval:.2f}" if last_eval is not None else "eval  -  ",
+             f"{record.get('throughput/env_steps_per_s', 0.0):.0f} env steps/s",
+             f"staleness {record.get('train/actor/staleness', 0.0):.2f}",
+             f"{record['wall_time_s']:.0f}s"]
+    return " | ".join(parts)
+
+
+def print_progress(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)

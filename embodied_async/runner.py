@@ -1,0 +1,262 @@
+"""The runner: wires env -> rollout -> actor in one function, drives training steps, logs,
+evaluates and checkpoints. It owns no model math.
+
+Synchronous PPO is the same graph with ``algorithm.staleness_threshold: 0``: the rollout then
+waits for each update before it collects the next batch, so nothing overlaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from embodied_async.config import TrainConfig, resolve_placement
+from embodied_async.metrics import MetricLogger, pool_env_metrics, print_progress, progress_line
+from embodied_async.scheduler.channel import create_channel
+from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerGroup, init_ray, wait_all
+from embodied_async.workers.actor_worker import ActorWorker
+from embodied_async.workers.env_worker import EnvWorker
+from embodied_async.workers.rollout_worker import RolloutWorker
+
+INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
+
+
+@dataclass
+class Graph:
+    env: WorkerGroup
+    rollout: WorkerGroup
+    actor: WorkerGroup
+    channels: list
+    env_spec: dict
+
+    def groups(self) -> List[WorkerGroup]:
+        return [self.env, self.rollout, self.actor]
+
+
+def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
+    """Create channels and the three worker groups from the placement; start nothing yet."""
+    placement = resolve_placement(cfg)
+    backend, kind = cfg.cluster.backend, placement.device_kind
+    if backend == "ray":
+        init_ray(cfg.cluster.num_nodes)
+    env_ids, rollout_ids, actor_ids = (placement.ids(c) for c in ("env", "rollout", "actor"))
+    if backend == "local" and len(actor_ids) > 1:
+        raise ValueError("cluster.backend=local runs one actor rank; place actor on one id or use backend=ray")
+    streams_per_rank = len(rollout_ids) * cfg.env.pipeline_stage_num
+    env_ch = create_channel(backend, "env_outputs", maxsize=2)
+    action_ch = create_channel(backend, "actions", maxsize=2)
+    actor_ch = create_channel(backend, "trajectories", maxsize=streams_per_rank * (cfg.algorithm.staleness_threshold + 1))
+    weight_ch = create_channel(backend, "weights", maxsize=0)
+
+    env = WorkerGroup("env", EnvWorker, env_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
+        cfg=cfg, rank=r, num_ranks=len(env_ids), env_channel=env_ch, action_channel=action_ch))
+    env_spec = env.call_rank(0, "spec").result()
+    per_rollout = len(env_ids) // len(rollout_ids)
+    rollout = WorkerGroup("rollout", RolloutWorker, rollout_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
+        cfg=cfg, rank=r, env_spec=env_spec, env_ranks=list(range(r * per_rollout, (r + 1) * per_rollout)),
+        env_channel=env_ch, action_channel=action_ch, actor_channel=actor_ch, weight_channel=weight_ch,
+        actor_world_size=len(actor_ids), start_version=start_version))
+    actor = WorkerGroup("actor", ActorWorker, actor_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
+        cfg=cfg, rank=r, world_size=len(actor_ids), env_spec=env_spec, actor_channel=actor_ch,
+        weight_channel=weight_ch, num_rollout_ranks=len(rollout_ids)))
+    host, port = actor.call_rank(0, "master_address").result()
+    wait_all(actor.call("init_model", host, port))
+    return Graph(env, rollout, actor, [env_ch, action_ch, actor_ch, weight_ch], env_spec)
+
+
+def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
+    """Write ``root/global_step_<step>`` atomically (temp folder, then rename)."""
+    import torch
+
+    final = os.path.join(root, f"global_step_{step}")
+    tmp = final + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    wait_all(graph.actor.call("save_checkpoint", tmp), timeout=600)
+    rollout_states = wait_all(graph.rollout.call("get_state"), timeout=60)
+    torch.save(rollout_states, os.path.join(tmp, "rollout.pt"))
+    with open(os.path.join(tmp, "runner.json"), "w") as f:
+        json.dump(state, f)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    with open(os.path.join(root, "latest"), "w") as f:
+        f.write(os.path.basename(final) + "\n")
+    return final
+
+
+def read_resume_state(resume_dir: Optional[str]) -> Dict:
+    if not resume_dir:
+        return {"step": 0, "env_steps": 0, "version": 0}
+    path = os.path.join(resume_dir, "runner.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"runner.resume_dir={resume_dir!r} holds no runner.json: point it at a "
+                                "checkpoint folder such as logs/<run>/checkpoints/global_step_50")
+    with open(path) as f:
+        return json.load(f)
+
+
+class Runner:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.log_path = cfg.runner.logger.log_path
+        self.checkpoint_root = os.path.join(self.log_path, "checkpoints")
+        self.state = read_resume_state(cfg.runner.resume_dir)
+        self.graph: Optional[Graph] = None
+        self.loops: List[Pending] = []
+        self.in_flight: List[Pending] = []
+        self.eval_in_flight: Optional[Pending] = None
+        self.last_eval: Optional[float] = None
+        self.totals: Dict[str, float] = {}
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def _start(self) -> None:
+        cfg = self.cfg
+        print(f"[runner] building workers (placement {dict(cfg.cluster.component_placement)}, "
+              f"backend {cfg.cluster.backend})", flush=True)
+        self.graph = graph = build_graph(cfg, start_version=self.state["version"])
+        if cfg.runner.resume_dir:
+            import torch
+
+            versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
+            rollout_states = torch.load(os.path.join(cfg.runner.resume_dir, "rollout.pt"), weights_only=False)
+            wait_all([graph.rollout.call_rank(r, "set_state", s) for r, s in enumerate(rollout_states)])
+            print(f"[runner] resumed from {cfg.runner.resume_dir}: step {self.state['step']}, "
+                  f"version {versions[0]}", flush=True)
+        wait_all(graph.actor.call("publish_weights"))
+        self.loops = graph.env.call("run") + graph.rollout.call("run")
+
+    def _accumulate(self, metrics: Dict[str, float]) -> None:
+        for key in ("time/env", "time/rollout", "time/actor_training"):
+            self.totals[key] = self.totals.get(key, 0.0) + metrics.get(key, 0.0)
+
+    def _poll_eval(self, step: int, record: Dict) -> None:
+        if self.eval_in_flight is not None and self.eval_in_flight.done():
+            result = wait_all([self.eval_in_flight], watch=self.loops)[0]
+            record.update(result)
+            self.last_eval = result["eval/success_rate"]
+            self.eval_in_flight = None
+        interval = self.cfg.runner.val_check_interval
+        if interval and step % interval == 0 and self.eval_in_flight is None:
+            self.eval_in_flight = self.graph.rollout.call_rank(
+                0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
+
+    def _collect_metrics(self, actor_metrics: Dict, interval_s: float) -> Dict[str, float]:
+        graph = self.graph
+        env_parts = wait_all(graph.env.call("pop_metrics"), watch=self.loops)
+        rollout_parts = wait_all(graph.rollout.call("pop_metrics"), watch=self.loops)
+        record = dict(actor_metrics)
+        record.update(pool_env_metrics(env_parts, interval_s))
+        record["time/rollout"] = sum(p["time_rollout"] for p in rollout_parts) / len(rollout_parts)
+        return record
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _train(self, logger: MetricLogger) -> None:
+        cfg, graph = self.cfg, self.graph
+        start_time, last_time = time.time(), time.time()
+        wall_offset = self.state.get("wall_time_s", 0.0)
+        while self.state["step"] < cfg.runner.max_steps:
+            self.in_flight = graph.actor.call("train_step")
+            actor_metrics = wait_all(self.in_flight, watch=self.loops)[0]
+            self.in_flight = []
+            self.state["step"] += 1
+            self.state["version"] = int(actor_metrics["train/actor/current_version"]) + 1
+            now = time.time()
+            record = self._collect_metrics(actor_metrics, now - last_time)
+            last_time = now
+            self.state["env_steps"] += int(record["env/env_steps"])
+            self.state["wall_time_s"] = wall_offset + now - start_time
+            record.update(step=self.state["step"], env_steps=self.state["env_steps"],
+                          wall_time_s=self.state["wall_time_s"])
+            self._accumulate(record)
+            self._poll_eval(self.state["step"], record)
+            logger.log(record)
+            print_progress(progress_line(record, cfg.runner.max_steps, self.last_eval))
+            if cfg.runner.save_interval and self.state["step"] % cfg.runner.save_interval == 0:
+                self._save()
+            if cfg.runner.max_env_steps and self.state["env_steps"] >= cfg.runner.max_env_steps:
+                print(f"[runner] reached runner.max_env_steps={cfg.runner.max_env_steps}", flush=True)
+                break
+
+    def _final_eval(self, logger: MetricLogger) -> None:
+        if not self.cfg.runner.val_check_interval:
+            return
+        if self.eval_in_flight is None:
+            self.eval_in_flight = self.graph.rollout.call_rank(
+                0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
+        result = wait_all([self.eval_in_flight], watch=self.loops, timeout=600)[0]
+        self.eval_in_flight = None
+        self.last_eval = result["eval/success_rate"]
+        logger.log({"step": self.state["step"], "env_steps": self.state["env_steps"],
+                    "wall_time_s": self.state["wall_time_s"], **result})
+        print(f"[runner] final eval at step {self.state['step']}: success rate {self.last_eval:.3f}", flush=True)
+
+    def _save(self) -> str:
+        path = save_checkpoint(self.graph, self.checkpoint_root, self.state["step"], dict(self.state))
+        print(f"[runner] checkpoint saved: {path}", flush=True)
+        return path
+
+    def _on_interrupt(self) -> None:
+        """Ctrl-C: let the update in flight finish (briefly), save, then stop everything."""
+        print("\n[runner] interrupted: finishing the update in flight and saving a checkpoint", flush=True)
+        if self.graph is None:
+            return
+        if self.in_flight:
+            try:
+                metrics = wait_all(self.in_flight, watch=self.loops, timeout=INTERRUPT_GRACE_S)[0]
+                self.state["step"] += 1
+                self.state["version"] = int(metrics["train/actor/current_version"]) + 1
+            except (TimeoutError, WorkerFailed) as err:
+                print(f"[runner] the update in flight did not finish ({err}); saving the last completed one",
+                      flush=True)
+                return  # the actor is mid-update: its state is not a consistent checkpoint
+        self._stop_loops()
+        self._save()
+
+    def _stop_loops(self) -> None:
+        for group in (self.graph.env, self.graph.rollout):
+            try:
+                wait_all(group.call("stop"), timeout=5)
+            except Exception:
+                pass
+
+    def _shutdown(self) -> None:
+        if self.graph is None:
+            return
+        self._stop_loops()
+        for channel in self.graph.channels:
+            try:
+                channel.close()
+            except Exception:
+                pass
+        for group in self.graph.groups():
+            try:
+                wait_all(group.call("close"), timeout=5)
+            except Exception:
+                pass
+            group.shutdown()
+
+    def run(self) -> Dict[str, float]:
+        """Train to ``runner.max_steps``; always leaves a checkpoint of the last completed step."""
+        os.makedirs(self.log_path, exist_ok=True)
+        logger = MetricLogger(self.log_path, self.cfg.runner.logger.tensorboard)
+        try:
+            self._start()
+            self._train(logger)
+            self._final_eval(logger)
+            self._save()
+        except KeyboardInterrupt:
+            self._on_interrupt()
+            raise
+        finally:
+            logger.close()
+            self._shutdown()
+        return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
+                **self.totals}
+
+
+def run(cfg: TrainConfig) -> Dict[str, float]:
+    return Runner(cfg).run()

@@ -1,0 +1,415 @@
+"""Keyed FIFO channels with backpressure, in-process (:class:`LocalChannel`) or across Ray
+processes (:class:`RayChannel`).
+
+Each key has its own FIFO queue of capacity ``maxsize`` (0 = unbounded). ``put`` blocks while
+its key is full, ``get`` while its key is empty; both take a timeout and raise ``TimeoutError``.
+A timed-out operation is withdrawn: it never consumes or adds an item later. ``close()`` fails
+every waiting and later operation with :class:`ChannelClosed`.
+
+Both implementations run the same queue logic (:class:`_KeyedQueues`): LocalChannel under a
+lock with thread-safe futures, RayChannel inside one asyncio actor with asyncio futures. Sharing
+it keeps the two behaviourally identical, and waiters are served first come, first served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import uuid
+from collections import deque
+from typing import Any, Callable, Hashable, Optional
+
+__all__ = ["ChannelClosed", "ChannelFuture", "LocalChannel", "RayChannel", "create_channel"]
+
+_OK, _TIMEOUT, _CLOSED = "ok", "timeout", "closed"
+
+
+class ChannelClosed(Exception):
+    """The channel was closed; raised by every operation waiting at or issued after close()."""
+
+
+class _KeyState:
+    __slots__ = ("items", "getters", "putters")
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.getters: deque = deque()  # waiters for an item, first come first served
+        self.putters: deque = deque()  # (item, waiter) pairs waiting for a free slot
+
+
+class _KeyedQueues:
+    """Per-key FIFO queues with waiting lists; not thread-safe (callers serialise access).
+
+    ``new_waiter()`` makes a future-like object with ``done``/``set_result``/``set_exception``.
+    Invariants per key: items waiting => no getters waiting; putters waiting => items full.
+    """
+
+    def __init__(self, maxsize: int, new_waiter: Callable[[], Any]):
+        if maxsize < 0:
+            raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
+        self.maxsize = maxsize
+        self.closed = False
+        self._new_waiter = new_waiter
+        self._keys: dict = {}
+
+    def _done(self, value=None, exc: Optional[BaseException] = None):
+        waiter = self._new_waiter()
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(value)
+        return waiter
+
+    def _full(self, state: _KeyState) -> bool:
+        return self.maxsize > 0 and len(state.items) >= self.maxsize
+
+    def _forget_if_idle(self, key) -> None:
+        # Drop empty per-key state so that many short-lived keys (e.g. one per episode) don't leak.
+        state = self._keys.get(key)
+        if state is not None and not (state.items or state.getters or state.putters):
+            del self._keys[key]
+
+    def put(self, item, key):
+        """Add ``item``; returns a waiter resolved (to None) once the item is queued."""
+        if self.closed:
+            return self._done(exc=ChannelClosed("put on a closed channel"))
+        state = self._keys.setdefault(key, _KeyState())
+        if state.getters:  # someone is already waiting: hand the item over directly
+            state.getters.popleft().set_result(item)
+            self._forget_if_idle(key)
+            return self._done()
+        if not self._full(state):
+            state.items.append(item)
+            return self._done()
+        waiter = self._new_waiter()
+        state.putters.append((item, waiter))
+        return waiter
+
+    def get(self, key):
+        """Take the oldest item of ``key``; returns a waiter resolved to the item."""
+        if self.closed:
+            return self._done(exc=ChannelClosed("get on a closed channel"))
+        state = self._keys.setdefault(key, _KeyState())
+        if state.items:
+            item = state.items.popleft()
+            if state.putters:  # a slot just freed up: admit the oldest waiting put
+                queued, putter = state.putters.popleft()
+                state.items.append(queued)
+                putter.set_result(None)
+            self._forget_if_idle(key)
+            return self._done(item)
+        waiter = self._new_waiter()
+        state.getters.append(waiter)
+        return waiter
+
+    def withdraw(self, key, waiter) -> bool:
+        """Cancel a still-waiting operation; False if it already completed (use its result)."""
+        state = self._keys.get(key)
+        if waiter.done() or state is None:
+            return False
+        if waiter in state.getters:
+            state.getters.remove(waiter)
+        else:
+            state.putters = deque(p for p in state.putters if p[1] is not waiter)
+        self._forget_if_idle(key)
+        return True
+
+    def qsize(self, key=None) -> int:
+        if key is not None:
+            state = self._keys.get(key)
+            return len(state.items) if state else 0
+        return sum(len(state.items) for state in self._keys.values())
+
+    def close(self) -> None:
+        self.closed = True
+        for state in self._keys.values():
+            for waiter in list(state.getters) + [p[1] for p in state.putters]:
+                waiter.set_exception(ChannelClosed("channel closed while waiting"))
+        self._keys.clear()  # items can no longer be taken: free them now
+
+
+class ChannelFuture:
+    """Handle to a pending ``put_async``/``get_async``.
+
+    ``result(timeout)`` waits for the operation and returns the item (None for a put); on
+    timeout it raises ``TimeoutError`` and the operation stays pending (it is not withdrawn).
+    """
+
+    def result(self, timeout: Optional[float] = None):
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        """True once the operation has completed (successfully or with ChannelClosed)."""
+        raise NotImplementedError
+
+
+class _LocalFuture(ChannelFuture):
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def result(self, timeout: Optional[float] = None):
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:  # an alias of TimeoutError only from 3.11 on
+            raise TimeoutError(f"channel operation not done after {timeout} s") from None
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class LocalChannel:
+    """In-process keyed channel, safe to share between threads."""
+
+    def __init__(self, maxsize: int = 0, name: str = "local"):
+        self.name = name
+        self.maxsize = maxsize
+        self._lock = threading.Lock()
+        self._queues = _KeyedQueues(maxsize, concurrent.futures.Future)
+
+    def put_async(self, item, key: Hashable = "default") -> ChannelFuture:
+        """Queue ``item`` without blocking; the future resolves once it is in the queue."""
+        with self._lock:
+            return _LocalFuture(self._queues.put(item, key))
+
+    def get_async(self, key: Hashable = "default") -> ChannelFuture:
+        """Ask for the next item of ``key`` without blocking; the future resolves to it."""
+        with self._lock:
+            return _LocalFuture(self._queues.get(key))
+
+    def _wait(self, key, waiter: concurrent.futures.Future, timeout, what: str):
+        try:
+            return waiter.result(timeout)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                if self._queues.withdraw(key, waiter):
+                    raise TimeoutError(
+                        f"channel {self.name!r} key {key!r}: {what} timed out after {timeout} s"
+                    ) from None
+            return waiter.result()  # it completed just as the timeout expired
+
+    def put(self, item, key: Hashable = "default", timeout: Optional[float] = None) -> None:
+        """Add ``item``, blocking while ``key`` is full; TimeoutError if still full after
+        ``timeout`` seconds (the item is then not added)."""
+        with self._lock:
+            waiter = self._queues.put(item, key)
+        self._wait(key, waiter, timeout, "put")
+
+    def get(self, key: Hashable = "default", timeout: Optional[float] = None):
+        """Take the oldest item of ``key``, blocking until there is one; TimeoutError after
+        ``timeout`` seconds (and no item is taken)."""
+        with self._lock:
+            waiter = self._queues.get(key)
+        return self._wait(key, waiter, timeout, "get")
+
+    def qsize(self, key: Optional[Hashable] = None) -> int:
+        """Items queued under ``key``, or under all keys when ``key`` is None."""
+        with self._lock:
+            return self._queues.qsize(key)
+
+    def close(self) -> None:
+        """Fail all waiting and later operations with ChannelClosed; queued items are dropped."""
+        with self._lock:
+            self._queues.close()
+
+
+class _ChannelActor:
+    """The Ray actor behind a RayChannel: the shared queue logic on an asyncio event loop.
+
+    Ray may start an async actor's calls out of submission order (e.g. while a large argument
+    is still being fetched), so each call carries (caller, seq) and waits for the caller's
+    earlier calls to reach the queues first: this keeps one caller's puts FIFO per key.
+    """
+
+    def __init__(self, maxsize: int):
+        self._queues = _KeyedQueues(maxsize, lambda: asyncio.get_running_loop().create_future())
+        # caller -> seq of its next call allowed to run. One small entry per RayChannel copy
+        # that ever made a call; never dropped, since a copy may call again at any time.
+        self._next_seq: dict = {}
+        self._turns: dict = {}  # (caller, seq) -> future set when that call may run
+
+    async def _enter(self, caller: str, seq: int) -> None:
+        # Waiting for the turn is not counted against the timeout: the earlier calls are already
+        # in flight, and skipping a turn would stall every later call of this caller.
+        if self._next_seq.get(caller, 0) != seq:
+            turn = asyncio.get_running_loop().create_future()
+            self._turns[(caller, seq)] = turn
+            await turn
+
+    def _leave(self, caller: str, seq: int) -> None:
+        self._next_seq[caller] = seq + 1
+        turn = self._turns.pop((caller, seq + 1), None)
+        if turn is not None:
+            turn.set_result(None)
+
+    async def _run(self, caller, seq, op: Callable, key, timeout):
+        await self._enter(caller, seq)
+        try:
+            waiter = op()
+        finally:
+            self._leave(caller, seq)
+        if not waiter.done():
+            try:
+                # shield: on timeout the waiter must stay intact so withdraw() can decide.
+                await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            except asyncio.TimeoutError:
+                if self._queues.withdraw(key, waiter):
+                    return _TIMEOUT, None
+            except asyncio.CancelledError:  # ray.cancel: don't leave a dead waiter queued
+                self._queues.withdraw(key, waiter)
+                raise
+            except ChannelClosed:  # close() failed the waiter; reported just below
+                pass
+        try:
+            return _OK, waiter.result()
+        except ChannelClosed:
+            return _CLOSED, None
+
+    async def put(self, caller, seq, item, key, timeout):
+        return await self._run(caller, seq, lambda: self._queues.put(item, key), key, timeout)
+
+    async def get(self, caller, seq, key, timeout):
+        return await self._run(caller, seq, lambda: self._queues.get(key), key, timeout)
+
+    async def qsize(self, caller, seq, key):
+        await self._enter(caller, seq)
+        self._leave(caller, seq)
+        return self._queues.qsize(key)
+
+    async def close(self, caller, seq):
+        await self._enter(caller, seq)
+        self._leave(caller, seq)
+        self._queues.close()
+
+    async def maxsize(self):
+        return self._queues.maxsize
+
+
+def _ray():
+    import ray  # imported on first use: LocalChannel users need not pay for importing Ray
+
+    return ray
+
+
+_remote_actor_class = None
+
+
+def _actor_class():
+    global _remote_actor_class
+    if _remote_actor_class is None:
+        # num_cpus=0: a channel must never hold back a worker waiting for a CPU; high
+        # max_concurrency so that many blocked gets/puts cannot starve the calls that free them.
+        _remote_actor_class = _ray().remote(num_cpus=0, max_concurrency=1000)(_ChannelActor)
+    return _remote_actor_class
+
+
+def _unwrap(reply, name, key, what, timeout):
+    status, value = reply
+    if status == _OK:
+        return value
+    if status == _TIMEOUT:
+        raise TimeoutError(f"channel {name!r} key {key!r}: {what} timed out after {timeout} s")
+    raise ChannelClosed(f"channel {name!r} is closed")
+
+
+class _RayFuture(ChannelFuture):
+    def __init__(self, ref, name, key, what):
+        self._ref, self._name, self._key, self._what = ref, name, key, what
+        self._reply = None
+
+    def result(self, timeout: Optional[float] = None):
+        if self._reply is None:
+            try:
+                self._reply = _ray().get(self._ref, timeout=timeout)
+            except _ray().exceptions.GetTimeoutError:
+                raise TimeoutError(f"channel operation not done after {timeout} s") from None
+        return _unwrap(self._reply, self._name, self._key, self._what, None)
+
+    def done(self) -> bool:
+        return self._reply is not None or bool(_ray().wait([self._ref], timeout=0)[0])
+
+
+class RayChannel:
+    """Keyed channel held by one Ray actor; picklable, so it can be passed to other actors.
+
+    Same API and behaviour as :class:`LocalChannel`. Every operation is one actor call.
+    Numpy arrays read back may be read-only (Ray deserialises them without a copy).
+    """
+
+    def __init__(self, actor, name: str, maxsize: int = 0):
+        self._actor = actor
+        self.name = name
+        self.maxsize = maxsize
+        self._init_caller()
+
+    def _init_caller(self):
+        # Each process's copy is its own "caller", ordered independently of the others.
+        self._lock = threading.Lock()
+        self._caller = uuid.uuid4().hex
+        self._seq = 0
+
+    @classmethod
+    def create(cls, name: str, maxsize: int = 0) -> "RayChannel":
+        """Start the channel's actor, named ``channel:<name>`` (the name must be unused)."""
+        if maxsize < 0:  # checked here: inside the actor it would only surface on first use
+            raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
+        actor = _actor_class().options(name=f"channel:{name}").remote(maxsize)
+        return cls(actor, name, maxsize)
+
+    @classmethod
+    def connect(cls, name: str) -> "RayChannel":
+        """Attach to the channel created under ``name`` elsewhere in the cluster."""
+        actor = _ray().get_actor(f"channel:{name}")
+        return cls(actor, name, maxsize=_ray().get(actor.maxsize.remote()))
+
+    def __getstate__(self):
+        return {"actor": self._actor, "name": self.name, "maxsize": self.maxsize}
+
+    def __setstate__(self, state):
+        self._actor, self.name, self.maxsize = state["actor"], state["name"], state["maxsize"]
+        self._init_caller()
+
+    def _call(self, method: str, *args):
+        # The lock makes seq order equal submission order across this process's threads; seq
+        # only advances once .remote() succeeded (it fails e.g. on an unpicklable item).
+        with self._lock:
+            ref = getattr(self._actor, method).remote(self._caller, self._seq, *args)
+            self._seq += 1
+        return ref
+
+    def put_async(self, item, key: Hashable = "default") -> ChannelFuture:
+        """Queue ``item`` without blocking; the future resolves once it is in the queue."""
+        return _RayFuture(self._call("put", item, key, None), self.name, key, "put")
+
+    def get_async(self, key: Hashable = "default") -> ChannelFuture:
+        """Ask for the next item of ``key`` without blocking; the future resolves to it."""
+        return _RayFuture(self._call("get", key, None), self.name, key, "get")
+
+    def put(self, item, key: Hashable = "default", timeout: Optional[float] = None) -> None:
+        """Add ``item``, blocking while ``key`` is full; TimeoutError after ``timeout`` s."""
+        reply = _ray().get(self._call("put", item, key, timeout))
+        _unwrap(reply, self.name, key, "put", timeout)
+
+    def get(self, key: Hashable = "default", timeout: Optional[float] = None):
+        """Take the oldest item of ``key``, blocking until there is one; TimeoutError after
+        ``timeout`` s (the timeout runs in the actor, so no item is taken afterwards)."""
+        reply = _ray().get(self._call("get", key, timeout))
+        return _unwrap(reply, self.name, key, "get", timeout)
+
+    def qsize(self, key: Optional[Hashable] = None) -> int:
+        """Items queued under ``key``, or under all keys when ``key`` is None."""
+        return _ray().get(self._call("qsize", key))
+
+    def close(self) -> None:
+        """Fail all waiting and later operations with ChannelClosed; queued items are dropped."""
+        _ray().get(self._call("close"))
+
+
+def create_channel(backend: str, name: str, maxsize: int = 0):
+    """Make a channel: ``backend="ray"`` -> :meth:`RayChannel.create`, ``"local"`` ->
+    :class:`LocalChannel`."""
+    if backend == "ray":
+        return RayChannel.create(name, maxsize)
+    if backend == "local":
+        return LocalChannel(maxsize, name=name)
+    raise ValueError(f"unknown channel backend {backend!r}; use 'ray' or 'local'")

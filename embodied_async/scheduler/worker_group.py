@@ -1,0 +1,125 @@
+"""Worker groups: one worker per placed device id, as a Ray actor (own process) or in-process.
+
+Both forms expose the same calls, so the runner wires one graph that runs on a Ray cluster or,
+for tests and debugging, entirely inside one process (each worker on its own threads).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+
+class WorkerFailed(RuntimeError):
+    """A long-lived worker loop ended with an error (or ended when it should not have)."""
+
+
+class Pending:
+    """A call in flight: a Ray ObjectRef or a concurrent Future behind one interface."""
+
+    def __init__(self, handle: Any, label: str):
+        self.handle, self.label = handle, label
+
+    def done(self) -> bool:
+        if isinstance(self.handle, concurrent.futures.Future):
+            return self.handle.done()
+        import ray
+
+        ready, _ = ray.wait([self.handle], timeout=0)
+        return bool(ready)
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        if isinstance(self.handle, concurrent.futures.Future):
+            return self.handle.result(timeout)
+        import ray
+
+        return ray.get(self.handle, timeout=timeout)
+
+
+def init_ray(num_nodes: int) -> None:
+    """Start Ray here, or attach to a running cluster (RAY_ADDRESS set, or several nodes)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or ("auto" if num_nodes > 1 else None)
+    kwargs: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if address is None:
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, 4)
+    ray.init(address=address, **kwargs)
+
+
+class WorkerGroup:
+    """``len(device_ids)`` instances of ``cls``; ``kwargs_for(rank)`` gives each one's arguments."""
+
+    def __init__(self, name: str, cls: type, device_ids: Sequence[int], backend: str,
+                 kwargs_for: Callable[[int], Dict[str, Any]], device_kind: str = "cpu"):
+        self.name, self.backend = name, backend
+        self.device_ids = list(device_ids)
+        self.workers: List[Any] = []
+        self._pools: List[concurrent.futures.ThreadPoolExecutor] = []
+        for rank, device_id in enumerate(self.device_ids):
+            kwargs = dict(kwargs_for(rank), device_kind=device_kind, device_id=device_id)
+            if backend == "ray":
+                import ray
+
+                remote_cls = ray.remote(num_cpus=0, max_concurrency=8)(cls)
+                options: Dict[str, Any] = {"name": None}
+                if device_kind == "gpu":
+                    # we pin CUDA_VISIBLE_DEVICES ourselves from the placement id
+                    options["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+                self.workers.append(remote_cls.options(**{k: v for k, v in options.items() if v}).remote(**kwargs))
+            else:
+                self._pools.append(concurrent.futures.ThreadPoolExecutor(max_workers=4,
+                                                                         thread_name_prefix=f"{name}{rank}"))
+                self.workers.append(cls(**kwargs))
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def call_rank(self, rank: int, method: str, *args, **kwargs) -> Pending:
+        worker, label = self.workers[rank], f"{self.name}[{rank}].{method}"
+        if self.backend == "ray":
+            return Pending(getattr(worker, method).remote(*args, **kwargs), label)
+        return Pending(self._pools[rank].submit(getattr(worker, method), *args, **kwargs), label)
+
+    def call(self, method: str, *args, **kwargs) -> List[Pending]:
+        return [self.call_rank(rank, method, *args, **kwargs) for rank in range(len(self.workers))]
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self.backend == "ray":
+            import ray
+
+            for worker in self.workers:
+                try:
+                    ray.kill(worker)
+                except Exception:  # already gone
+                    pass
+        else:
+            for pool in self._pools:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+def wait_all(pending: List[Pending], watch: Sequence[Pending] = (), timeout: Optional[float] = None,
+             poll: float = 0.05) -> List[Any]:
+    """Results of ``pending``; raises ``WorkerFailed`` as soon as a watched loop ends first.
+
+    Watched calls are the long-lived worker loops: if one ends (with an error, or at all) while
+    we wait, the run can never finish, so we surface that worker's error instead of hanging.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        for loop in watch:
+            if loop.done():
+                try:
+                    loop.result()
+                except Exception as err:  # the worker's own error, re-raised with its name
+                    raise WorkerFailed(f"{loop.label} failed: {err}") from err
+                raise WorkerFailed(f"{loop.label} stopped unexpectedly")
+        if all(p.done() for p in pending):
+            return [p.result() for p in pending]
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {[p.label for p in pending if not p.done()]}")
+        time.sleep(poll)

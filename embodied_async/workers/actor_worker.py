@@ -1,0 +1,222 @@
+"""Actor worker: one FSDP2 rank. Takes trajectories, filters stale ones, runs the PPO update,
+bumps the version and publishes weights to the rollout workers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from embodied_async.algorithms import StalenessFilter, compute_gae, explained_variance
+from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
+from embodied_async.data import Trajectory, WeightMessage
+from embodied_async.registry import model_builder
+from embodied_async.scheduler.channel import ChannelClosed
+from embodied_async.workers.base import setup_worker_process
+
+POLL_SECONDS = 0.5
+# Our policies return values.squeeze(-1) (a view) and never modify it in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def concat_trajectories(trajectories: List[Trajectory]) -> Trajectory:
+    cat = lambda name, dim=1: torch.cat([getattr(t, name) for t in trajectories], dim=dim)  # noqa: E731
+    keys = trajectories[0].forward_inputs.keys()
+    return Trajectory(
+        forward_inputs={k: torch.cat([t.forward_inputs[k] for t in trajectories], dim=1) for k in keys},
+        actions=cat("actions"), logprobs=cat("logprobs"), values=cat("values"), rewards=cat("rewards"),
+        dones=cat("dones"), bootstrap_values=cat("bootstrap_values"), loss_mask=cat("loss_mask"),
+        versions=cat("versions"), next_values=cat("next_values", 0),
+    )
+
+
+class ActorWorker:
+    def __init__(self, cfg, rank: int, world_size: int, device_kind: str, device_id: int, env_spec: dict,
+                 actor_channel, weight_channel, num_rollout_ranks: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device_kind = device_kind
+        self.device = setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker,
+                                           cfg.runner.seed * 100_003 + 90_000 + rank)
+        self.env_spec = env_spec
+        self.actor_channel, self.weight_channel = actor_channel, weight_channel
+        self.num_rollout_ranks = num_rollout_ranks
+        self.shards_per_step = num_rollout_ranks * cfg.env.pipeline_stage_num
+        self.version = 0
+        self.staleness_filter = StalenessFilter(cfg.algorithm.staleness_threshold)
+        self.generator = torch.Generator().manual_seed(cfg.runner.seed)
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def master_address(self) -> tuple:
+        host = "127.0.0.1" if self.cfg.cluster.num_nodes == 1 else socket.gethostbyname(socket.gethostname())
+        return host, free_port()
+
+    def init_model(self, host: str, port: int) -> None:
+        """Join the process group, build the policy, shard it with FSDP2, make the optimiser."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+        backend = "nccl" if self.device_kind == "gpu" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size)
+        torch.manual_seed(self.cfg.runner.seed)  # same initial weights on every rank
+        policy = model_builder(self.cfg.model.name)(self.cfg.model, self.env_spec).to(self.device)
+        mesh = init_device_mesh("cuda" if self.device_kind == "gpu" else "cpu", (self.world_size,))
+        mp = None
+        if self.cfg.model.precision == "bfloat16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        fully_shard(policy, mesh=mesh, **({"mp_policy": mp} if mp else {}))
+        for method in ("evaluate", "value", "predict"):
+            register_fsdp_forward_method(policy, method)
+        self.policy = policy
+        value_prefixes = getattr(policy, "value_parameter_prefixes", ())
+        groups: Dict[str, list] = {"policy": [], "value": []}
+        self.trainable_names = []
+        for name, param in policy.named_parameters():
+            if param.requires_grad:
+                self.trainable_names.append(name)
+                groups["value" if name.startswith(tuple(value_prefixes)) else "policy"].append(param)
+        actor = self.cfg.actor
+        self.optimizer = torch.optim.Adam(
+            [{"params": groups["policy"], "lr": actor.lr},
+             {"params": groups["value"], "lr": actor.value_lr if actor.value_lr is not None else actor.lr}],
+            eps=actor.adam_eps, weight_decay=actor.weight_decay)
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
+        tensor = tensor.clone().to(self.device if self.device_kind == "gpu" else "cpu")
+        dist.all_reduce(tensor)
+        return tensor.cpu()
+
+    # ---- weights -----------------------------------------------------------------------------
+    def _full_state_dict(self) -> Dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def publish_weights(self) -> int:
+        """Collective: gather parameters; rank 0 sends the trainable ones with the version."""
+        state = self._full_state_dict()
+        if self.rank == 0:
+            trainable = {k: v for k, v in state.items() if k in set(self.trainable_names)}
+            for rollout_rank in range(self.num_rollout_ranks):
+                self.weight_channel.put(WeightMessage(self.version, trainable), key=rollout_rank)
+        return self.version
+
+    # ---- training ----------------------------------------------------------------------------
+    def _get_shard(self) -> Trajectory:
+        while True:
+            try:
+                return self.actor_channel.get(key=self.rank, timeout=POLL_SECONDS)
+            except TimeoutError:
+                continue
+
+    def _collect(self) -> List[Trajectory]:
+        """Take ``shards_per_step`` fresh shards; all ranks keep or drop the same shard together."""
+        kept: List[Trajectory] = []
+        while len(kept) < self.shards_per_step:
+            shard = self._get_shard()
+            fresh = self.staleness_filter.accept(shard.versions, self.version)
+            agreed = self._all_reduce_sum(torch.tensor([float(fresh)]))[0] == self.world_size
+            if agreed:
+                kept.append(shard)
+        return kept
+
+    def _build_batch(self, traj: Trajectory) -> tuple:
+        alg = self.cfg.algorithm
+        advantages, returns = compute_gae(traj.rewards, traj.values, traj.dones, traj.next_values,
+                                          traj.bootstrap_values, alg.gamma, alg.gae_lambda)
+        flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731
+        batch = PPOBatch({k: flat(v) for k, v in traj.forward_inputs.items()}, flat(traj.actions),
+                         flat(traj.logprobs), flat(traj.values), flat(advantages), flat(returns),
+                         flat(traj.versions), flat(traj.loss_mask))
+        return batch, explained_variance(flat(traj.values), flat(returns), flat(traj.loss_mask))
+
+    def _settings(self, batch_size: int) -> UpdateSettings:
+        alg, actor = self.cfg.algorithm, self.cfg.actor
+        return UpdateSettings(
+            epochs=alg.update_epochs, minibatch_size=actor.global_batch_size // self.world_size,
+            micro_batch_size=actor.micro_batch_size, world_size=self.world_size, version=self.version,
+            recompute_logprobs=self.cfg.rollout.recompute_logprobs,
+            train_policy=self.version >= actor.critic_warmup_steps, clip_ratio_low=alg.clip_ratio_low,
+            clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
+            behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
+            huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
+            normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
+            max_grad_norm=actor.max_grad_norm)
+
+    def train_step(self) -> Dict[str, float]:
+        """Collect one rollout batch, update, publish. Returns metrics averaged over ranks."""
+        try:
+            shards = self._collect()
+        except ChannelClosed:
+            raise RuntimeError("the trajectory channel closed while the actor was waiting for data") from None
+        start = time.perf_counter()
+        traj = concat_trajectories(shards)
+        batch, explained = self._build_batch(traj)
+        self.policy.train()
+        metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(len(batch)), self._all_reduce_sum,
+                             self.generator, self.device)
+        versions = traj.versions.float()
+        out = {f"train/actor/{k}": v for k, v in metrics.items() if k not in ("value_loss", "value_clip_fraction")}
+        out.update({"train/critic/value_loss": metrics["value_loss"],
+                    "train/critic/value_clip_fraction": metrics["value_clip_fraction"],
+                    "train/critic/explained_variance": explained,
+                    "train/actor/average_version": float(versions.mean()),
+                    "train/actor/current_version": float(self.version),
+                    "train/actor/staleness": float(self.version - versions.mean()),
+                    "train/actor/num_samples": float(batch.loss_mask.sum())})
+        for key, value in self.staleness_filter.pop_metrics().items():
+            out[f"train/actor/{key}"] = float(value)
+        self.version += 1
+        self.publish_weights()
+        out["time/actor_training"] = time.perf_counter() - start
+        return self._average_metrics(out)
+
+    def _average_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        if self.world_size == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = self._all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
+        return {k: float(v) / self.world_size for k, v in zip(keys, values)}
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, folder: str) -> int:
+        """Collective; rank 0 writes ``actor.pt`` (full model + optimiser state, version)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        model_state = self._full_state_dict()
+        optim_state = get_optimizer_state_dict(self.policy, self.optimizer,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            os.makedirs(folder, exist_ok=True)
+            torch.save({"model": model_state, "optimizer": optim_state, "version": self.version,
+                        "generator": self.generator.get_state()}, os.path.join(folder, "actor.pt"))
+        return self.version
+
+    def load_checkpoint(self, folder: str) -> int:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        state = torch.load(os.path.join(folder, "actor.pt"), map_location="cpu", weights_only=False)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.policy, state["model"], options=options)
+        set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"], options=options)
+        self.version = int(state["version"])
+        self.generator.set_state(state["generator"])
+        return self.version
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,154 @@
+"""Env worker: steps its sub-environments forever, one pipeline stage at a time."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List
+
+import numpy as np
+
+from embodied_async.data import ActionMessage, EnvOutput
+from embodied_async.registry import env_builder
+from embodied_async.scheduler.channel import ChannelClosed
+from embodied_async.workers.base import BusyTimer, setup_worker_process
+
+POLL_SECONDS = 0.5  # how often a blocked loop looks at its stop flag
+
+
+def _nonfinite_rows(out: EnvOutput) -> np.ndarray:
+    """Rows whose reward or any numeric observation is NaN/inf."""
+    bad = ~np.isfinite(out.rewards)
+    for obs in (out.obs, out.final_obs or {}):
+        for value in obs.values():
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                bad |= ~np.isfinite(value.reshape(value.shape[0], -1)).all(axis=1)
+    return bad
+
+
+class EpisodeStats:
+    """Per-sub-env running return/length; finished episodes are kept until popped."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.finished: List[tuple] = []
+
+    def record(self, out: EnvOutput, num_chunks: int) -> None:
+        self.returns += np.where(out.valid, out.rewards, 0.0)
+        self.lengths += num_chunks
+        for i in np.flatnonzero(out.dones & out.valid):
+            self.finished.append((self.returns[i], self.lengths[i], bool(out.successes[i])))
+        self.returns[out.dones] = 0.0
+        self.lengths[out.dones] = 0
+
+
+class EnvWorker:
+    """Owns ``pipeline_stage_num`` batched envs; talks to rollout workers only through channels.
+
+    Stage ``s`` of worker ``rank`` uses channel key ``(rank, s)``: it puts ``EnvOutput`` on the env
+    channel and takes ``ActionMessage`` from the action channel.
+    """
+
+    def __init__(self, cfg, rank: int, num_ranks: int, device_kind: str, device_id: int,
+                 env_channel, action_channel):
+        self.cfg, self.rank = cfg, rank
+        seed = cfg.runner.seed * 100_003 + rank * 1009
+        setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
+        stages = cfg.env.pipeline_stage_num
+        per_stage = cfg.env.num_envs // num_ranks // stages
+        build = env_builder(cfg.env.name)
+        self.envs = [build(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
+        self.stats = [EpisodeStats(per_stage) for _ in range(stages)]
+        self.env_channel, self.action_channel = env_channel, action_channel
+        self.timer = BusyTimer()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._env_steps = 0
+        self._nonfinite = 0
+
+    def spec(self) -> dict:
+        return self.envs[0].spec
+
+    def _sanitize(self, stage: int, out: EnvOutput) -> EnvOutput:
+        """Drop non-finite samples: mark them invalid, end their episode, reset the sub-env."""
+        bad = _nonfinite_rows(out)
+        if not bad.any():
+            return out
+        idx = np.flatnonzero(bad)
+        fresh = self.envs[stage].reset_envs(idx)
+        for key, value in fresh.items():
+            if isinstance(value, np.ndarray):
+                out.obs[key] = out.obs[key].copy()
+                out.obs[key][idx] = value[idx]
+        out.rewards = np.where(bad, 0.0, out.rewards).astype(np.float32)
+        out.valid = out.valid & ~bad
+        out.dones = out.dones | bad
+        out.bootstrap = out.bootstrap & ~bad
+        if out.final_obs is not None:  # keep final obs finite: they are never used for bad rows
+            for value in out.final_obs.values():
+                if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                    value[idx] = 0.0
+        with self._lock:
+            self._nonfinite += len(idx)
+        return out
+
+    def _put(self, stage: int, out: EnvOutput) -> None:
+        out.env_rank, out.stage = self.rank, stage
+        while not self._stop.is_set():
+            try:
+                self.env_channel.put(out, key=(self.rank, stage), timeout=POLL_SECONDS)
+                return
+            except TimeoutError:
+                continue
+
+    def _get_actions(self, stage: int):
+        while not self._stop.is_set():
+            try:
+                return self.action_channel.get(key=(self.rank, stage), timeout=POLL_SECONDS)
+            except TimeoutError:
+                continue
+        return None
+
+    def run(self) -> None:
+        """The long-lived loop; returns when stopped or when a channel closes."""
+        try:
+            for stage, env in enumerate(self.envs):
+                self._put(stage, env.reset())
+            while not self._stop.is_set():
+                for stage, env in enumerate(self.envs):
+                    message: ActionMessage = self._get_actions(stage)
+                    if message is None:
+                        return
+                    with self.timer.section("env"):
+                        out = self._sanitize(stage, env.step(message.actions))
+                    with self._lock:
+                        self.stats[stage].record(out, self.cfg.env.num_action_chunks)
+                        self._env_steps += env.num_envs * self.cfg.env.num_action_chunks
+                    self._put(stage, out)
+        except ChannelClosed:
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pop_metrics(self) -> Dict[str, float]:
+        """Episode statistics and busy time since the last call (sums, so the runner can pool)."""
+        episodes = []
+        with self._lock:
+            for stats in self.stats:
+                episodes += stats.finished
+                stats.finished = []
+            steps, self._env_steps = self._env_steps, 0
+            nonfinite, self._nonfinite = self._nonfinite, 0
+        out = {"env_steps": float(steps), "episodes": float(len(episodes)), "nonfinite_dropped": float(nonfinite),
+               "time_env": self.timer.pop().get("env", 0.0)}
+        if episodes:
+            returns, lengths, successes = zip(*episodes)
+            out.update(return_sum=float(np.sum(returns)), len_sum=float(np.sum(lengths)),
+                       success_sum=float(np.sum(successes)))
+        return out
+
+    def close(self) -> None:
+        self.stop()
+        for env in self.envs:
+            env.close()

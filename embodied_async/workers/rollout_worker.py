@@ -1,0 +1,229 @@
+"""Rollout worker: runs the policy without grad, builds trajectories, swaps weights between steps."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from embodied_async.data import ActionMessage, EnvOutput, Trajectory, WeightMessage, concat_observations, slice_observation
+from embodied_async.registry import env_builder, model_builder
+from embodied_async.scheduler.channel import ChannelClosed
+from embodied_async.workers.base import BusyTimer, setup_worker_process
+
+POLL_SECONDS = 0.5
+
+
+class _Stopped(Exception):
+    pass
+
+
+@dataclass
+class _Step:
+    forward_inputs: Dict[str, torch.Tensor]
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    values: torch.Tensor
+    version: int
+    rewards: Optional[torch.Tensor] = None
+    dones: Optional[torch.Tensor] = None
+    bootstrap_values: Optional[torch.Tensor] = None
+    loss_mask: Optional[torch.Tensor] = None
+
+
+@dataclass
+class _StageBuffer:
+    batch_index: int
+    steps: List[_Step] = field(default_factory=list)
+    pending: Optional[_Step] = None  # the last decision, waiting for its outcome
+
+
+def merge_env_outputs(outputs: List[EnvOutput]) -> EnvOutput:
+    """Concatenate the outputs of several env workers (same stage) along the batch dimension."""
+    if len(outputs) == 1:
+        return outputs[0]
+    cat = lambda name: np.concatenate([getattr(o, name) for o in outputs])  # noqa: E731
+    final = None
+    if any(o.final_obs is not None for o in outputs):
+        final = concat_observations([o.final_obs if o.final_obs is not None else o.obs for o in outputs])
+    return EnvOutput(obs=concat_observations([o.obs for o in outputs]), rewards=cat("rewards"), dones=cat("dones"),
+                     bootstrap=cat("bootstrap"), successes=cat("successes"), valid=cat("valid"), final_obs=final)
+
+
+def stack_steps(steps: List[_Step], next_values: torch.Tensor, batch_index: int) -> Trajectory:
+    stack = lambda name: torch.stack([getattr(s, name) for s in steps])  # noqa: E731
+    keys = steps[0].forward_inputs.keys()
+    return Trajectory(
+        forward_inputs={k: torch.stack([s.forward_inputs[k] for s in steps]) for k in keys},
+        actions=stack("actions"), logprobs=stack("logprobs"), values=stack("values"), rewards=stack("rewards"),
+        dones=stack("dones"), bootstrap_values=stack("bootstrap_values"), loss_mask=stack("loss_mask"),
+        versions=torch.tensor([[s.version] * s.values.shape[0] for s in steps], dtype=torch.int64),
+        next_values=next_values, batch_index=batch_index,
+    )
+
+
+class RolloutWorker:
+    """Serves the env workers ``env_ranks``; stage ``s`` of all of them forms one policy batch."""
+
+    def __init__(self, cfg, rank: int, device_kind: str, device_id: int, env_spec: dict, env_ranks: List[int],
+                 env_channel, action_channel, actor_channel, weight_channel, actor_world_size: int,
+                 start_version: int = 0):
+        self.cfg, self.rank, self.env_ranks = cfg, rank, list(env_ranks)
+        seed = cfg.runner.seed * 100_003 + 50_000 + rank
+        self.device = setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
+        torch.manual_seed(cfg.runner.seed)
+        self.policy = model_builder(cfg.model.name)(cfg.model, env_spec).to(self.device).eval()
+        self.env_channel, self.action_channel = env_channel, action_channel
+        self.actor_channel, self.weight_channel = actor_channel, weight_channel
+        self.actor_world_size = actor_world_size
+        self.version = -1  # no weights yet: the actor publishes version 0 at start-up
+        self.buffers = [_StageBuffer(batch_index=start_version) for _ in range(cfg.env.pipeline_stage_num)]
+        self.timer = BusyTimer()
+        self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
+        self._stop = threading.Event()
+        self._eval_env = None
+
+    # ---- weights -------------------------------------------------------------------------
+    def _load(self, message: WeightMessage) -> None:
+        with self._policy_lock:
+            self.policy.load_state_dict(message.state_dict, strict=False)
+        self.version = message.version
+
+    def _refresh_weights(self, min_version: int) -> None:
+        """Take the newest published weights; block while older than ``min_version`` (throttle)."""
+        while True:
+            if self.weight_channel.qsize(self.rank) > 0:
+                self._load(self.weight_channel.get(key=self.rank))
+                continue
+            if self.version >= min_version:
+                return
+            if self._stop.is_set():
+                raise _Stopped
+            try:
+                self._load(self.weight_channel.get(key=self.rank, timeout=POLL_SECONDS))
+            except TimeoutError:
+                continue
+
+    # ---- the loop ------------------------------------------------------------------------
+    def _get_outputs(self, stage: int) -> EnvOutput:
+        outputs = []
+        for env_rank in self.env_ranks:
+            while True:
+                if self._stop.is_set():
+                    raise _Stopped
+                try:
+                    outputs.append(self.env_channel.get(key=(env_rank, stage), timeout=POLL_SECONDS))
+                    break
+                except TimeoutError:
+                    continue
+        return merge_env_outputs(outputs)
+
+    def _close_pending(self, buf: _StageBuffer, out: EnvOutput) -> None:
+        step = buf.pending
+        step.rewards = torch.as_tensor(out.rewards, dtype=torch.float32) * self.cfg.algorithm.reward_scale
+        step.dones = torch.as_tensor(out.dones, dtype=torch.bool)
+        step.loss_mask = torch.as_tensor(out.valid, dtype=torch.bool)
+        step.bootstrap_values = torch.zeros_like(step.rewards)
+        rows = np.flatnonzero(out.dones & out.bootstrap & out.valid)
+        if len(rows):
+            with self._policy_lock:
+                final_values = self.policy.value(slice_observation(out.final_obs, rows)).float().cpu()
+            step.bootstrap_values[torch.as_tensor(rows)] = final_values
+        buf.steps.append(step)
+        buf.pending = None
+
+    def _emit(self, buf: _StageBuffer, obs) -> None:
+        with self._policy_lock:
+            next_values = self.policy.value(obs).float().cpu()
+        trajectory = stack_steps(buf.steps, next_values, buf.batch_index)
+        buf.steps, buf.batch_index = [], buf.batch_index + 1
+        for shard_rank, shard in enumerate(trajectory.split(self.actor_world_size)):
+            while True:
+                if self._stop.is_set():
+                    raise _Stopped
+                try:
+                    self.actor_channel.put(shard, key=shard_rank, timeout=POLL_SECONDS)
+                    break
+                except TimeoutError:
+                    continue
+
+    def _step_stage(self, stage: int) -> None:
+        buf = self.buffers[stage]
+        out = self._get_outputs(stage)
+        with self.timer.section("rollout"):
+            if buf.pending is not None:
+                self._close_pending(buf, out)
+            if len(buf.steps) == self.cfg.rollout.num_steps:
+                self._emit(buf, out.obs)
+        # Never run more than staleness_threshold versions ahead of the actor: batch k needs
+        # weights of version >= k - threshold (0 = synchronous PPO).
+        self._refresh_weights(buf.batch_index - self.cfg.algorithm.staleness_threshold)
+        with self.timer.section("rollout"):
+            with self._policy_lock:
+                result = self.policy.predict(out.obs, mode="train")
+            buf.pending = _Step(
+                forward_inputs={k: v.cpu() for k, v in result.forward_inputs.items()},
+                actions=result.actions.float().cpu(), logprobs=result.logprobs.float().cpu(),
+                values=result.values.float().cpu(), version=self.version,
+            )
+            actions = buf.pending.actions.numpy()
+        start = 0
+        for env_rank in self.env_ranks:
+            size = out.num_envs // len(self.env_ranks)
+            message = ActionMessage(actions=actions[start:start + size], version=self.version)
+            self.action_channel.put(message, key=(env_rank, stage))
+            start += size
+
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for stage in range(len(self.buffers)):
+                    self._step_stage(stage)
+        except (_Stopped, ChannelClosed):
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pop_metrics(self) -> Dict[str, float]:
+        return {"time_rollout": self.timer.pop().get("rollout", 0.0), "version": float(self.version)}
+
+    # ---- evaluation and state --------------------------------------------------------------
+    def evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:
+        """Deterministic actions on this worker's own eval envs; every sub-env runs the same count."""
+        if self._eval_env is None:
+            self._eval_env = env_builder(self.cfg.env.name)(self.cfg.env, num_envs, 10_000_019 + self.cfg.runner.seed)
+        env, per_env = self._eval_env, num_episodes // num_envs
+        counts, returns, successes = np.zeros(num_envs, int), np.zeros(num_envs), []
+        episode_returns = []
+        out = env.reset()
+        while counts.min() < per_env:
+            with self._policy_lock:
+                actions = self.policy.predict(out.obs, mode="eval").actions.float().cpu().numpy()
+            out = env.step(actions)
+            returns += np.where(np.isfinite(out.rewards), out.rewards, 0.0)
+            for i in np.flatnonzero(out.dones):
+                if counts[i] < per_env:
+                    successes.append(bool(out.successes[i]))
+                    episode_returns.append(returns[i])
+                    counts[i] += 1
+                returns[i] = 0.0
+        return {"eval/success_rate": float(np.mean(successes)), "eval/episode_return": float(np.mean(episode_returns)),
+                "eval/version": float(self.version)}
+
+    def get_state(self) -> Dict[str, torch.Tensor]:
+        """What only the rollout knows: running observation statistics (buffers)."""
+        with self._policy_lock:
+            return {k: v.detach().cpu().clone() for k, v in self.policy.named_buffers()}
+
+    def set_state(self, state: Dict[str, torch.Tensor]) -> None:
+        with self._policy_lock:
+            self.policy.load_state_dict(state, strict=False)
+
+    def close(self) -> None:
+        self.stop()
+        if self._eval_env is not None:
+            self._eval_env.close()

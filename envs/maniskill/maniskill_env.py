@@ -1,0 +1,414 @@
+"""ManiSkill3 tasks behind the batched env protocol of the env worker.
+
+``ManiSkillEnv`` steps ``B`` sub-environments with action chunks ``[B, C, A]`` and returns
+``EnvOutput`` messages with numpy observations (``states``, ``main_images``, optional
+``wrist_images``, ``task_descriptions``). Two backends:
+
+- ``"cpu"``: ManiSkill's PhysX CPU sim holds one scene per gym env, so this process owns ``B``
+  separate envs and steps them in turn (parallelism comes from several env worker processes).
+  Termination, truncation and auto-reset are handled here.
+- ``"gpu"``: one batched GPU env wrapped in ``ManiSkillVectorEnv``, which auto-resets finished
+  sub-envs in place and hands back their final observations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import inspect
+import re
+import threading
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from embodied_async.data import EnvOutput, Observation, concat_observations
+
+OBS_MODES = ("state", "rgb")
+SIM_BACKENDS = ("cpu", "gpu")
+DOWNLOAD_COMMAND = "python -m mani_skill.utils.download_asset {} -y"
+
+# Hand-written instructions for common tasks (the Bridge twins report their own through
+# get_language_instruction); other ids fall back to the words of the id.
+INSTRUCTIONS: Dict[str, str] = {
+    "PushCube-v1": "push the cube to the goal region",
+    "PickCube-v1": "pick up the cube and move it to the goal",
+    "StackCube-v1": "stack the red cube on top of the green cube",
+    "PushT-v1": "push the T-shaped block onto the target T",
+    "PullCube-v1": "pull the cube to the goal region",
+    "PokeCube-v1": "use the peg to poke the cube to the goal region",
+    "LiftPegUpright-v1": "lift the peg upright",
+    "PegInsertionSide-v1": "insert the peg into the hole in the side of the box",
+    "PlugCharger-v1": "plug the charger into the receptacle",
+    "RollBall-v1": "push the ball so that it rolls into the goal region",
+    "PlaceSphere-v1": "place the sphere into the bin",
+    "PickSingleYCB-v1": "pick up the object and move it to the goal",
+}
+
+# ManiSkill's prompt function is a module global; the lock keeps concurrent constructions (the
+# "local" cluster backend runs workers as threads) from restoring each other's patch.
+_PROMPT_LOCK = threading.Lock()
+
+
+def task_instruction(task_id: str, instruction: Optional[str] = None) -> str:
+    """The language instruction: ``instruction`` if given, the table entry, else the id's words
+    (``"TurnFaucet-v1"`` -> ``"turn faucet"``)."""
+    if instruction:
+        return instruction
+    if task_id in INSTRUCTIONS:
+        return INSTRUCTIONS[task_id]
+    name = re.sub(r"-v\d+$", "", task_id)
+    # Split CamelCase keeping acronyms and robot names whole: "UnitreeG1Stand" -> unitree g1 stand.
+    words = re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+\d*|\d+", name)
+    return " ".join(w.lower() for w in words) or task_id
+
+
+def bootstrap_flags(terminated, truncated, terminal_on_success: bool) -> np.ndarray:
+    """Which finished sub-envs must bootstrap their value from the final observation.
+
+    Time limits always bootstrap. A termination bootstraps unless ``terminal_on_success``: ManiSkill
+    ends dense tasks at success while the reward would keep paying, so treating that end as
+    terminal teaches the policy to hover short of the goal. A termination at the time limit is
+    still a termination (gymnasium's convention: ``terminated`` wins).
+    """
+    terminated = np.asarray(terminated, dtype=bool)
+    truncated = np.asarray(truncated, dtype=bool)
+    if terminal_on_success:
+        return truncated & ~terminated
+    return terminated | truncated
+
+
+def _missing_asset_path(asset_id: str) -> Optional[str]:
+    """Where the asset (a data source or a group of them) belongs when absent; None if present."""
+    from mani_skill.utils import assets
+
+    if asset_id in assets.DATA_SOURCES:
+        ids = [asset_id]
+    elif asset_id in assets.DATA_GROUPS:
+        ids = assets.expand_data_group_into_individual_data_source_ids(asset_id)
+    else:
+        return None  # not a downloadable id: nothing to check
+    absent = [assets.DATA_SOURCES[i] for i in ids if not assets.is_data_source_downloaded(i)]
+    if not absent:
+        return None
+    # A group (e.g. hundreds of PartNet models) is named by the folder its sources share.
+    first = absent[0]
+    return str(first.output_dir / first.target_path if len(ids) == 1 else first.output_dir)
+
+
+def check_task_assets(task_id: str, robot_uids: Any = None) -> None:
+    """Fail fast, without prompting or downloading, when ``task_id`` cannot be built here.
+
+    Raises ``ValueError`` for an unknown id (with close matches from ManiSkill's registry) and
+    ``FileNotFoundError`` naming the download command when the task's or its robot's assets are
+    missing. ManiSkill itself would ask "download now? (y|n)" on stdin, which hangs a worker.
+    """
+    import mani_skill.envs  # noqa: F401  (importing registers every task)
+    from mani_skill.agents.registration import REGISTERED_AGENTS
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    if task_id not in REGISTERED_ENVS:
+        close = difflib.get_close_matches(task_id, list(REGISTERED_ENVS), n=5, cutoff=0.4)
+        hint = ", ".join(close) if close else ", ".join(sorted(REGISTERED_ENVS)[:8]) + ", ..."
+        raise ValueError(f"unknown ManiSkill task id '{task_id}' (env.task_id); close: {hint}")
+    spec = REGISTERED_ENVS[task_id]
+    asset_ids = list(spec.asset_download_ids or [])
+    if robot_uids is None:
+        # The task's default robot, when its constructor names one (e.g. robot_uids="panda").
+        param = inspect.signature(spec.cls.__init__).parameters.get("robot_uids")
+        robot_uids = None if param is None else param.default
+    robots = robot_uids if isinstance(robot_uids, (list, tuple)) else [robot_uids]
+    for uid in robots:
+        if isinstance(uid, str) and uid in REGISTERED_AGENTS:
+            asset_ids += REGISTERED_AGENTS[uid].asset_download_ids or []
+    paths = {a: _missing_asset_path(a) for a in dict.fromkeys(asset_ids)}
+    missing = [a for a, path in paths.items() if path is not None]
+    if missing:
+        where = "; ".join(f"{a} (expected at {paths[a]})" for a in missing)
+        commands = "\n".join("  " + DOWNLOAD_COMMAND.format(a) for a in missing)
+        raise FileNotFoundError(
+            f"ManiSkill task '{task_id}' needs assets that are not downloaded: {where}. "
+            f"Download them with:\n{commands}\n(set MS_ASSET_DIR to keep them elsewhere)"
+        )
+
+
+@contextlib.contextmanager
+def _refuse_download_prompts(task_id: str):
+    """Turn a download prompt ManiSkill still reaches (robots chosen inside a task's constructor,
+    which ``check_task_assets`` cannot see) into an error instead of ``input()`` / ``exit()``."""
+    from mani_skill.utils import download_asset
+
+    def refuse(message: str):
+        match = re.search(r"Robot (\S+) has assets", message)
+        uid = match.group(1) if match else task_id
+        raise FileNotFoundError(
+            f"ManiSkill task '{task_id}' needs assets that are not downloaded ({message.strip()}). "
+            f"Download them with:\n  {DOWNLOAD_COMMAND.format(uid)}"
+        )
+
+    with _PROMPT_LOCK:
+        original = download_asset.prompt_yes_no
+        download_asset.prompt_yes_no = refuse
+        try:
+            yield
+        finally:
+            download_asset.prompt_yes_no = original
+
+
+@functools.lru_cache(maxsize=1)
+def _render_backend() -> str:
+    """"gpu" when SAPIEN sees a CUDA device, else "cpu" (saves ManiSkill's fall-back warning)."""
+    import sapien
+
+    try:
+        sapien.Device("cuda")
+        return "gpu"
+    except RuntimeError:
+        return "cpu"
+
+
+def _to_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _flatten_numeric(tree, batch: int) -> List[np.ndarray]:
+    """Leaves of a nested obs dict as float32 ``[B, -1]`` blocks, in sorted key order."""
+    if not isinstance(tree, dict):
+        return [_to_numpy(tree).reshape(batch, -1).astype(np.float32)]
+    return [block for key in sorted(tree) for block in _flatten_numeric(tree[key], batch)]
+
+
+def _flag(info: dict, key: str, batch: int) -> np.ndarray:
+    value = info.get(key) if isinstance(info, dict) else None
+    if value is None:
+        return np.zeros(batch, dtype=bool)
+    return _to_numpy(value).reshape(batch).astype(bool)
+
+
+class ManiSkillEnv:
+    """``num_envs`` ManiSkill sub-environments of one task, stepped with action chunks.
+
+    ``spec`` describes observations and actions for the policy builder. ``reset``/``step`` return
+    ``EnvOutput``; finished sub-envs are auto-reset and their last observation is in ``final_obs``.
+    """
+
+    def __init__(self, env_cfg, num_envs: int, seed: int = 0):
+        self.cfg = env_cfg
+        self.num_envs = int(num_envs)
+        self.task_id = env_cfg.task_id
+        self.obs_mode = env_cfg.obs_mode
+        self.backend = env_cfg.sim_backend
+        self.terminal_on_success = bool(env_cfg.terminal_on_success)
+        if self.obs_mode not in OBS_MODES:
+            raise ValueError(f"env.obs_mode must be one of {OBS_MODES}, got '{self.obs_mode}'")
+        if self.backend not in SIM_BACKENDS:
+            raise ValueError(f"env.sim_backend must be one of {SIM_BACKENDS}, got '{self.backend}'")
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+        extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
+        check_task_assets(self.task_id, extra.get("robot_uids"))
+
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
+
+        kwargs: Dict[str, Any] = dict(
+            obs_mode=self.obs_mode,
+            reward_mode=env_cfg.reward_mode,
+            render_mode=None,
+            sim_backend=self.backend,
+            render_backend="gpu" if self.backend == "gpu" else _render_backend(),
+        )
+        if env_cfg.control_mode:
+            kwargs["control_mode"] = env_cfg.control_mode
+        if env_cfg.max_episode_steps:
+            kwargs["max_episode_steps"] = int(env_cfg.max_episode_steps)
+        if self.obs_mode == "rgb":
+            height, width = (int(v) for v in env_cfg.image_size)
+            sensors = dict(width=width, height=height)
+            sensors.update(extra.pop("sensor_configs", None) or {})
+            kwargs["sensor_configs"] = sensors
+        kwargs.update(extra)
+
+        self._envs: List[Any] = []  # CPU: one gym env per sub-env
+        self._vec = None  # GPU: one ManiSkillVectorEnv
+        with _refuse_download_prompts(self.task_id):
+            if self.backend == "cpu":
+                for _ in range(self.num_envs):
+                    self._envs.append(gym.make(self.task_id, num_envs=1, **kwargs))
+            else:
+                from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+                env = gym.make(self.task_id, num_envs=self.num_envs, **kwargs)
+                self._vec = ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+        base = self._envs[0].unwrapped if self._envs else self._vec.base_env
+        space = base.single_action_space
+        self._low = np.asarray(space.low, dtype=np.float32).reshape(-1)
+        self._high = np.asarray(space.high, dtype=np.float32).reshape(-1)
+        self.instruction = self._instruction(base)
+        self._rows: List[Observation] = []  # CPU: current obs of each sub-env (batch of 1)
+        self._obs: Observation = {}  # GPU: current obs of all sub-envs
+        self._main_cam: Optional[str] = None
+        self._wrist_cam: Optional[str] = None
+        first = self.reset(seed=seed).obs
+        first.pop("task_descriptions")
+        self.spec: Dict[str, Any] = {
+            "obs_shapes": {k: tuple(v.shape[1:]) for k, v in first.items()},
+            "action_dim": int(self._low.shape[0]),
+            "num_action_chunks": int(env_cfg.num_action_chunks),
+            "action_low": self._low.tolist(),
+            "action_high": self._high.tolist(),
+        }
+
+    def reset(self, seed: Optional[int] = None) -> EnvOutput:
+        """Reset every sub-env (sub-env ``i`` gets ``seed + i``; None continues their RNGs)."""
+        if self._vec is not None:
+            seeds = None if seed is None else [int(seed) + i for i in range(self.num_envs)]
+            raw, _ = self._vec.reset(seed=seeds)
+            self._obs = self._normalise(raw, self.num_envs)
+        else:
+            self._rows = []
+            for i, env in enumerate(self._envs):
+                raw, _ = env.reset(seed=None if seed is None else int(seed) + i)
+                self._rows.append(self._normalise(raw, 1))
+        rewards, dones, bootstrap, successes, _ = self._blank()
+        valid = np.ones(self.num_envs, dtype=bool)
+        return EnvOutput(self._current_obs(), rewards, dones, bootstrap, successes, valid)
+
+    def step(self, actions: np.ndarray) -> EnvOutput:
+        """Execute one action chunk ``[B, C, A]`` (``[B, A]`` is read as ``C = 1``)."""
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim == 2:
+            actions = actions[:, None]
+        expected = (self.num_envs, self._low.shape[0])
+        if actions.ndim != 3 or (actions.shape[0], actions.shape[2]) != expected:
+            raise ValueError(f"actions must be [B, C, A], (B, A)={expected}; got {actions.shape}")
+        actions = np.clip(actions, self._low, self._high)
+        step = self._step_gpu if self._vec is not None else self._step_cpu
+        rewards, dones, bootstrap, successes, finals = step(actions)
+        obs = self._current_obs()
+        final_obs = None
+        if finals:
+            # Rows that did not finish repeat the current obs, as EnvOutput documents.
+            final_obs = {k: (list(v) if isinstance(v, list) else v.copy()) for k, v in obs.items()}
+            for i, row in finals.items():
+                for key, value in row.items():
+                    if key != "task_descriptions":
+                        final_obs[key][i] = value[0]
+        valid = np.ones(self.num_envs, dtype=bool)  # non-finite values are the env worker's job
+        return EnvOutput(obs, rewards, dones, bootstrap, successes, valid, final_obs=final_obs)
+
+    def reset_envs(self, indices: Sequence[int]) -> Observation:
+        """Reset only the sub-envs ``indices``; return the full current observation."""
+        indices = [int(i) for i in np.atleast_1d(np.asarray(indices, dtype=np.int64))]
+        if indices:
+            if self._vec is not None:
+                import torch
+
+                env_idx = torch.as_tensor(indices, device=self._vec.device)
+                raw, _ = self._vec.reset(options=dict(env_idx=env_idx))
+                self._obs = self._normalise(raw, self.num_envs)
+            else:
+                for i in indices:
+                    raw, _ = self._envs[i].reset()
+                    self._rows[i] = self._normalise(raw, 1)
+        return self._current_obs()
+
+    def close(self) -> None:
+        """Release the simulators (idempotent)."""
+        for env in self._envs:
+            env.close()
+        self._envs = []
+        if self._vec is not None:
+            self._vec.close()
+            self._vec = None
+
+    def _blank(self):
+        """Zero rewards, False dones/bootstrap/successes and no final observations."""
+        flags = [np.zeros(self.num_envs, dtype=bool) for _ in range(3)]
+        return (np.zeros(self.num_envs, dtype=np.float32), *flags, {})
+
+    def _step_cpu(self, actions: np.ndarray):
+        chunks = actions.shape[1]
+        rewards, dones, bootstrap, successes, finals = self._blank()
+        for i, env in enumerate(self._envs):
+            for c in range(chunks):
+                raw, reward, terminated, truncated, info = env.step(actions[i, c])
+                rewards[i] += float(_to_numpy(reward).reshape(-1)[0])
+                successes[i] = _flag(info, "success", 1)[0]
+                term, trunc = bool(_to_numpy(terminated).any()), bool(_to_numpy(truncated).any())
+                if term or trunc:
+                    dones[i] = True
+                    bootstrap[i] = bootstrap_flags(term, trunc, self.terminal_on_success)
+                    finals[i] = self._normalise(raw, 1)
+                    raw, _ = env.reset()
+                    # The rest of the chunk was planned for the finished episode: drop it.
+                    break
+            self._rows[i] = self._normalise(raw, 1)
+        return rewards, dones, bootstrap, successes, finals
+
+    def _step_gpu(self, actions: np.ndarray):
+        import torch
+
+        batch, chunks = actions.shape[:2]
+        rewards, dones, bootstrap, successes, finals = self._blank()
+        for c in range(chunks):
+            act = torch.as_tensor(actions[:, c], device=self._vec.device)
+            raw, reward, terminated, truncated, info = self._vec.step(act)
+            term = _to_numpy(terminated).reshape(batch).astype(bool)
+            trunc = _to_numpy(truncated).reshape(batch).astype(bool)
+            # Sub-envs that finished earlier in the chunk already run their next episode (the
+            # batched sim cannot skip them): their rewards belong to no recorded transition.
+            live = ~dones
+            rewards[live] += _to_numpy(reward).reshape(batch).astype(np.float32)[live]
+            step_info = info.get("final_info", info)  # after auto-reset, info is the reset's
+            successes[live] = _flag(step_info, "success", batch)[live]
+            new = live & (term | trunc)
+            if new.any():
+                last = self._normalise(info["final_observation"], batch)
+                for i in np.flatnonzero(new):
+                    finals[int(i)] = {k: v[i : i + 1] for k, v in last.items()}
+                bootstrap[new] = bootstrap_flags(term, trunc, self.terminal_on_success)[new]
+                dones |= new
+            self._obs = self._normalise(raw, batch)
+        return rewards, dones, bootstrap, successes, finals
+
+    def _instruction(self, base) -> str:
+        if getattr(self.cfg, "instruction", None):
+            return self.cfg.instruction
+        getter = getattr(base, "get_language_instruction", None)
+        if callable(getter):
+            try:
+                return str(getter()[0])
+            except Exception:  # some tasks need a reset first; the table/id words still work
+                pass
+        return task_instruction(self.task_id)
+
+    def _current_obs(self) -> Observation:
+        obs = dict(self._obs) if self._vec is not None else concat_observations(self._rows)
+        obs["task_descriptions"] = [self.instruction] * self.num_envs
+        return obs
+
+    def _normalise(self, raw, batch: int) -> Observation:
+        """ManiSkill's raw obs -> ``states`` float32 [b, D] (+ uint8 images in rgb mode)."""
+        if self.obs_mode == "state":
+            return {"states": np.concatenate(_flatten_numeric(raw, batch), axis=1)}
+        parts = [b for key in ("agent", "extra") for b in _flatten_numeric(raw.get(key, {}), batch)]
+        out: Observation = {
+            "states": np.concatenate(parts, axis=1) if parts else np.zeros((batch, 0), np.float32)
+        }
+        sensors = raw.get("sensor_data", {})
+        if self._main_cam is None:
+            cams = [name for name, data in sensors.items() if "rgb" in data]
+            if not cams:
+                raise ValueError(f"task '{self.task_id}' has no RGB camera for obs_mode 'rgb'")
+            # The main view is the first non-hand camera ("base_camera" on most tasks).
+            self._main_cam = next((n for n in cams if "hand" not in n), cams[0])
+            self._wrist_cam = next((n for n in cams if "hand" in n and n != self._main_cam), None)
+        cams = {"main_images": self._main_cam, "wrist_images": self._wrist_cam}
+        for key, cam in cams.items():
+            if cam is not None:
+                out[key] = _to_numpy(sensors[cam]["rgb"])[..., :3].astype(np.uint8)
+        return out

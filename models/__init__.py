@@ -1,0 +1,1 @@
+"""Policies behind one protocol (predict / evaluate / value), registered by name."""

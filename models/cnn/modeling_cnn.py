@@ -1,0 +1,85 @@
+"""CNN actor-critic: a shared conv encoder on ``main_images`` plus normalised ``states``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from embodied_async.data import PolicyOutput
+from models.common import ACTIVATIONS, GaussianHead, RunningNorm, as_tensor, layer_init, make_mlp
+
+
+class ImageEncoder(nn.Module):
+    """Strided 3x3 convs -> flatten -> linear feature (uint8 HWC images in, features out)."""
+
+    def __init__(self, image_shape, channels, feature_dim: int):
+        super().__init__()
+        height, width, in_ch = image_shape
+        layers = []
+        for out_ch in channels:
+            layers += [nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=2, padding=1), nn.ReLU()]
+            in_ch = out_ch
+        self.convs = nn.Sequential(*layers, nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, image_shape[2], height, width)).shape[-1]
+        self.proj = nn.Sequential(layer_init(nn.Linear(flat, feature_dim)), nn.ReLU())
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).float() / 255.0
+        return self.proj(self.convs(x))
+
+
+class CNNPolicy(nn.Module):
+    value_parameter_prefixes = ("critic.",)
+
+    def __init__(self, cfg, env_spec: dict):
+        super().__init__()
+        shapes = env_spec["obs_shapes"]
+        if "main_images" not in shapes:
+            raise ValueError("model.name=cnn needs image observations: set env.obs_mode=rgb")
+        chunks, action_dim = int(env_spec["num_action_chunks"]), int(env_spec["action_dim"])
+        state_dim = int(shapes["states"][0]) if "states" in shapes else 0
+        self.encoder = ImageEncoder(tuple(shapes["main_images"]), list(cfg.cnn_channels), cfg.cnn_feature_dim)
+        self.normalizer = RunningNorm(state_dim) if (cfg.normalize_obs and state_dim) else None
+        feature_dim = cfg.cnn_feature_dim + state_dim
+        if cfg.activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation={cfg.activation!r}; use one of {sorted(ACTIVATIONS)}")
+        hidden = list(cfg.hidden_sizes)
+        self.actor = make_mlp(feature_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)
+        self.critic = make_mlp(feature_dim, hidden, 1, cfg.activation, out_std=1.0)
+        self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
+        self.state_dim = state_dim
+
+    def _inputs(self, obs, update_stats: bool) -> dict:
+        inputs = {"images": as_tensor(obs["main_images"], torch.uint8)}
+        if self.state_dim:
+            states = as_tensor(obs["states"])
+            if self.normalizer is not None:
+                if update_stats:
+                    self.normalizer.update(states)
+                states = self.normalizer(states)
+            inputs["states"] = states
+        return inputs
+
+    def _features(self, inputs: dict) -> torch.Tensor:
+        features = self.encoder(inputs["images"])
+        if self.state_dim:
+            features = torch.cat([features, inputs["states"]], dim=-1)
+        return features
+
+    @torch.no_grad()
+    def predict(self, obs, mode: str = "train") -> PolicyOutput:
+        inputs = self._inputs(obs, update_stats=(mode == "train"))
+        features = self._features(inputs)
+        actions, logprobs = self.head.sample(self.actor(features), deterministic=(mode == "eval"))
+        return PolicyOutput(actions=actions, logprobs=logprobs, values=self.critic(features).squeeze(-1),
+                            forward_inputs=inputs)
+
+    @torch.no_grad()
+    def value(self, obs) -> torch.Tensor:
+        return self.critic(self._features(self._inputs(obs, update_stats=False))).squeeze(-1)
+
+    def evaluate(self, forward_inputs, actions):
+        features = self._features(forward_inputs)
+        logprobs, entropy = self.head.log_prob_entropy(self.actor(features), actions)
+        return logprobs, entropy, self.critic(features).squeeze(-1)

@@ -1,0 +1,49 @@
+"""MLP actor-critic on the ``states`` vector: separate policy and value networks."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from embodied_async.data import PolicyOutput
+from models.common import GaussianHead, RunningNorm, as_tensor, make_mlp
+
+
+class MLPPolicy(nn.Module):
+    """``states -> Gaussian actions [B, C, A]`` and ``states -> value``."""
+
+    value_parameter_prefixes = ("critic.",)
+
+    def __init__(self, cfg, env_spec: dict):
+        super().__init__()
+        state_dim = int(env_spec["obs_shapes"]["states"][0])
+        chunks, action_dim = int(env_spec["num_action_chunks"]), int(env_spec["action_dim"])
+        self.normalizer = RunningNorm(state_dim) if cfg.normalize_obs else None
+        hidden = list(cfg.hidden_sizes)
+        self.actor = make_mlp(state_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)
+        self.critic = make_mlp(state_dim, hidden, 1, cfg.activation, out_std=1.0)
+        self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
+
+    def _inputs(self, obs, update_stats: bool) -> torch.Tensor:
+        states = as_tensor(obs["states"])
+        if self.normalizer is None:
+            return states
+        if update_stats:
+            self.normalizer.update(states)
+        return self.normalizer(states)
+
+    @torch.no_grad()
+    def predict(self, obs, mode: str = "train") -> PolicyOutput:
+        states = self._inputs(obs, update_stats=(mode == "train"))
+        actions, logprobs = self.head.sample(self.actor(states), deterministic=(mode == "eval"))
+        values = self.critic(states).squeeze(-1)
+        return PolicyOutput(actions=actions, logprobs=logprobs, values=values, forward_inputs={"states": states})
+
+    @torch.no_grad()
+    def value(self, obs) -> torch.Tensor:
+        return self.critic(self._inputs(obs, update_stats=False)).squeeze(-1)
+
+    def evaluate(self, forward_inputs, actions):
+        states = forward_inputs["states"]
+        logprobs, entropy = self.head.log_prob_entropy(self.actor(states), actions)
+        return logprobs, entropy, self.critic(states).squeeze(-1)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Trains a recipe from configs/ (default: async PPO with an MLP policy on ManiSkill PushCube-v1).
+# Usage: bash scripts/run_async.sh [CONFIG_NAME] [key=value ...]
+#   bash scripts/run_async.sh
+#   bash scripts/run_async.sh maniskill_ppo_mlp runner.max_steps=50
+#   bash scripts/run_async.sh runner.max_steps=50 cluster.component_placement.actor=0-1
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    sed -n '2,6s/^# \{0,1\}//p' scripts/run_async.sh
+    exit 0
+fi
+
+config_name=maniskill_async_ppo_mlp
+if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then
+    config_name=$1
+    shift
+fi
+overrides=("$@")
+
+if [ ! -f "configs/$config_name.yaml" ]; then
+    echo "[run_async] error: no recipe configs/$config_name.yaml; available recipes:" >&2
+    shopt -s nullglob
+    configs=(configs/*.yaml)
+    if [ ${#configs[@]} -eq 0 ]; then
+        echo "  (none: configs/ holds no *.yaml)" >&2
+    fi
+    for path in "${configs[@]}"; do
+        name=${path##*/}
+        echo "  ${name%.yaml}" >&2
+    done
+    exit 2
+fi
+
+bash scripts/setup.sh
+
+# Headless rendering: MuJoCo and PyOpenGL go through EGL (Mesa on a CPU-only machine).
+export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
+
+log_path=""
+for override in "${overrides[@]}"; do
+    if [[ "$override" == runner.logger.log_path=* ]]; then
+        log_path=${override#runner.logger.log_path=}
+    fi
+done
+if [ -z "$log_path" ]; then
+    log_path="logs/$(date +%Y%m%d-%H%M%S)-$config_name"
+    overrides+=("runner.logger.log_path=$log_path")
+fi
+
+echo "[run_async] recipe: $config_name"
+echo "[run_async] logs:   $log_path"
+exec .venv/bin/python examples/embodiment/train_async.py --config-name "$config_name" "${overrides[@]}"

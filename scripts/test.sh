@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets the machine up (scripts/setup.sh) and runs the test suite.
+# Usage: bash scripts/test.sh [pytest arguments ...]   e.g. -m "not slow", tests/algorithms
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+
+# Headless rendering: MuJoCo and PyOpenGL go through EGL (Mesa on a CPU-only machine).
+export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
+
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "[test] error: pytest ran no tests (exit code 5: none collected or all deselected; arguments: ${*:-none})" >&2
+    exit 1
+fi
+exit "$status"
