@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -47,10 +48,12 @@ def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
     if backend == "local" and len(actor_ids) > 1:
         raise ValueError("cluster.backend=local runs one actor rank; place actor on one id or use backend=ray")
     streams_per_rank = len(rollout_ids) * cfg.env.pipeline_stage_num
-    env_ch = create_channel(backend, "env_outputs", maxsize=2)
-    action_ch = create_channel(backend, "actions", maxsize=2)
-    actor_ch = create_channel(backend, "trajectories", maxsize=streams_per_rank * (cfg.algorithm.staleness_threshold + 1))
-    weight_ch = create_channel(backend, "weights", maxsize=0)
+    run_id = uuid.uuid4().hex[:8]  # channel actors are named: keep runs in one Ray session apart
+    env_ch = create_channel(backend, f"env_outputs-{run_id}", maxsize=2)
+    action_ch = create_channel(backend, f"actions-{run_id}", maxsize=2)
+    actor_ch = create_channel(backend, f"trajectories-{run_id}",
+                              maxsize=streams_per_rank * (cfg.algorithm.staleness_threshold + 1))
+    weight_ch = create_channel(backend, f"weights-{run_id}", maxsize=0)
 
     env = WorkerGroup("env", EnvWorker, env_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
         cfg=cfg, rank=r, num_ranks=len(env_ids), env_channel=env_ch, action_channel=action_ch))
@@ -111,6 +114,7 @@ class Runner:
         self.eval_in_flight: Optional[Pending] = None
         self.last_eval: Optional[float] = None
         self.totals: Dict[str, float] = {}
+        self.last_saved_step: Optional[int] = None
 
     # ---- start-up ----------------------------------------------------------------------------
     def _start(self) -> None:
@@ -196,6 +200,7 @@ class Runner:
 
     def _save(self) -> str:
         path = save_checkpoint(self.graph, self.checkpoint_root, self.state["step"], dict(self.state))
+        self.last_saved_step = self.state["step"]
         print(f"[runner] checkpoint saved: {path}", flush=True)
         return path
 
@@ -229,7 +234,7 @@ class Runner:
         self._stop_loops()
         for channel in self.graph.channels:
             try:
-                channel.close()
+                getattr(channel, "destroy", channel.close)()
             except Exception:
                 pass
         for group in self.graph.groups():
@@ -247,7 +252,8 @@ class Runner:
             self._start()
             self._train(logger)
             self._final_eval(logger)
-            self._save()
+            if self.last_saved_step != self.state["step"]:
+                self._save()
         except KeyboardInterrupt:
             self._on_interrupt()
             raise
@@ -255,7 +261,7 @@ class Runner:
             logger.close()
             self._shutdown()
         return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
-                **self.totals}
+                "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals}
 
 
 def run(cfg: TrainConfig) -> Dict[str, float]:

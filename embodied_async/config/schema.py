@@ -21,9 +21,8 @@ class ClusterConfig:
     num_nodes: int = 1
     # component name(s) -> device ids, e.g. {"env,rollout,actor": "0-3"} or
     # {"actor": "0-3", "env": "0-1", "rollout": "2-3"}; ids as "0-3", "0,2,4-7" or "all".
-    component_placement: Dict[str, str] = field(
-        default_factory=lambda: {"env": "0-1", "rollout": "0", "actor": "0"}
-    )
+    # (no default: every recipe states its placement)
+    component_placement: Dict[str, str] = field(default_factory=dict)
     # torch intra-op threads per worker process on CPU (many processes share few cores).
     cpu_threads_per_worker: int = 1
 
@@ -35,7 +34,7 @@ class EnvConfig:
     # sub-environments over all env worker processes (split evenly between them and their stages)
     num_envs: int = 16
     obs_mode: str = "state"  # "state" | "rgb"
-    control_mode: Optional[str] = "pd_ee_delta_pos"
+    control_mode: Optional[str] = "pd_joint_delta_pos"
     sim_backend: str = "cpu"  # "cpu": one scene per sub-env, stepped in turn; "gpu": batched
     max_episode_steps: int = 50
     reward_mode: str = "normalized_dense"

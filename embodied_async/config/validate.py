@@ -30,10 +30,30 @@ def _valid_keys_at(path: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)]
 
 
+def _reject_unknown_keys(node: Any, schema_type: type, path: str) -> None:
+    """Walk the plain config against the dataclasses (free-form dict fields are not walked)."""
+    fields = {f.name: f for f in dataclasses.fields(schema_type)}
+    for key, value in node.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            while isinstance(value, dict) and len(value) == 1:  # name the whole path given
+                key, value = next(iter(value.items()))
+                full = f"{full}.{key}"
+            raise ConfigError(
+                f"unknown config key '{full}'. Valid keys under '{path or '<top level>'}': "
+                f"{', '.join(fields)}. Fix the spelling or remove it."
+            )
+        default = getattr(schema_type(), key)
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            _reject_unknown_keys(value, type(default), full)
+
+
 def to_train_config(cfg: Any) -> TrainConfig:
     """Merge ``cfg`` (DictConfig or dict) into the schema and return a checked ``TrainConfig``."""
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    _reject_unknown_keys(plain, TrainConfig, "")
     schema = OmegaConf.structured(TrainConfig)
     try:
         merged = OmegaConf.merge(schema, cfg)

@@ -404,6 +404,13 @@ class RayChannel:
         """Fail all waiting and later operations with ChannelClosed; queued items are dropped."""
         _ray().get(self._call("close"))
 
+    def destroy(self) -> None:
+        """Close, then end the actor process (the channel's name becomes free again)."""
+        try:
+            self.close()
+        finally:
+            _ray().kill(self._actor)
+
 
 def create_channel(backend: str, name: str, maxsize: int = 0):
     """Make a channel: ``backend="ray"`` -> :meth:`RayChannel.create`, ``"local"`` ->

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -49,6 +51,10 @@ def init_ray(num_nodes: int) -> None:
     if address is None:
         kwargs["num_cpus"] = max(os.cpu_count() or 1, 4)
     ray.init(address=address, **kwargs)
+    # Ray swaps the driver's SIGINT handler for its own, which swallows Ctrl-C while we wait on
+    # workers; restore Python's so Ctrl-C raises KeyboardInterrupt and the runner can save.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class WorkerGroup:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -197,12 +198,13 @@ class RolloutWorker:
         if self._eval_env is None:
             self._eval_env = env_builder(self.cfg.env.name)(self.cfg.env, num_envs, 10_000_019 + self.cfg.runner.seed)
         env, per_env = self._eval_env, num_episodes // num_envs
+        with self._policy_lock:  # evaluate one version even if new weights arrive meanwhile
+            policy, version = copy.deepcopy(self.policy), self.version
         counts, returns, successes = np.zeros(num_envs, int), np.zeros(num_envs), []
         episode_returns = []
         out = env.reset()
         while counts.min() < per_env:
-            with self._policy_lock:
-                actions = self.policy.predict(out.obs, mode="eval").actions.float().cpu().numpy()
+            actions = policy.predict(out.obs, mode="eval").actions.float().cpu().numpy()
             out = env.step(actions)
             returns += np.where(np.isfinite(out.rewards), out.rewards, 0.0)
             for i in np.flatnonzero(out.dones):
@@ -212,7 +214,7 @@ class RolloutWorker:
                     counts[i] += 1
                 returns[i] = 0.0
         return {"eval/success_rate": float(np.mean(successes)), "eval/episode_return": float(np.mean(episode_returns)),
-                "eval/version": float(self.version)}
+                "eval/version": float(version)}
 
     def get_state(self) -> Dict[str, torch.Tensor]:
         """What only the rollout knows: running observation statistics (buffers)."""

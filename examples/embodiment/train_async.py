@@ -11,6 +11,9 @@ import hydra
 from omegaconf import DictConfig
 
 from embodied_async.config import ConfigError, to_train_config
+from embodied_async.config.hydra_schema import register_schema
+
+register_schema()
 
 
 @hydra.main(config_path="../../configs", config_name="maniskill_async_ppo_mlp", version_base=None)

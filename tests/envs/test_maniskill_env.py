@@ -85,6 +85,36 @@ def test_time_limit_bootstraps_and_auto_resets():
         env.close()
 
 
+def test_vector_env_path_matches_cpu_path_on_finishing_chunk():
+    """The GPU backend's code path (ManiSkillVectorEnv, in-place auto-reset), run on a 1-env CPU
+    scene: a chunk that crosses the time limit reports the same reward and final observation."""
+    import gymnasium as gym
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    cpu, vec = make_env(1, max_episode_steps=3), make_env(1, max_episode_steps=3)
+    try:
+        vec._envs.pop().close()
+        cfg = vec.cfg
+        kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, max_episode_steps=3)
+        kwargs.update(reward_mode=cfg.reward_mode, sim_backend="cpu", render_backend="cpu")
+        base = gym.make("PushCube-v1", num_envs=1, **kwargs)
+        vec._vec = ManiSkillVectorEnv(base, auto_reset=True, ignore_terminations=False)
+        a, b = cpu.reset(seed=5), vec.reset(seed=5)
+        np.testing.assert_allclose(a.obs["states"], b.obs["states"])
+        first = random_chunk(cpu, 2, seed=4)
+        a, b = cpu.step(first), vec.step(first)
+        np.testing.assert_allclose(a.rewards, b.rewards, rtol=1e-5)
+        chunk = random_chunk(cpu, 2, seed=5)  # finishes at its first sub-step
+        a, b = cpu.step(chunk), vec.step(chunk)
+        assert a.dones.all() and b.dones.all() and b.bootstrap.all()
+        np.testing.assert_allclose(a.rewards, b.rewards, rtol=1e-5)  # 2nd sub-step ignored
+        np.testing.assert_allclose(a.final_obs["states"], b.final_obs["states"], rtol=1e-5)
+        assert int(vec._vec.base_env.elapsed_steps[0]) == 1  # applied to the new episode
+    finally:
+        cpu.close()
+        vec.close()
+
+
 def test_bootstrap_flags():
     terminated = np.array([True, False, True, False])
     truncated = np.array([False, True, True, False])

@@ -1,0 +1,38 @@
+"""Shared test helpers: small configs built through the real schema and validation."""
+
+import os
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from embodied_async.config import to_train_config
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
+
+# A PushCube run small enough for a test: 2 updates of 4 envs x 8 steps.
+SMALL = {
+    "cluster": {"backend": "ray", "device_type": "cpu",
+                "component_placement": {"env": "0-1", "rollout": "2", "actor": "3"}},
+    "env": {"name": "maniskill", "task_id": "PushCube-v1", "obs_mode": "state", "num_envs": 4,
+            "max_episode_steps": 10, "control_mode": "pd_joint_delta_pos"},
+    "model": {"name": "mlp", "hidden_sizes": [32, 32]},
+    "algorithm": {"update_epochs": 2, "staleness_threshold": 1},
+    "rollout": {"num_steps": 8},
+    "actor": {"global_batch_size": 16, "micro_batch_size": 8},
+    "runner": {"max_steps": 2, "val_check_interval": 1, "eval_episodes": 2, "eval_num_envs": 2,
+               "save_interval": 1},
+}
+
+
+def build_config(tmp_path, *overrides: str):
+    """SMALL + ``key=value`` overrides -> validated TrainConfig logging under ``tmp_path``."""
+    cfg = OmegaConf.merge(OmegaConf.create(SMALL), OmegaConf.from_dotlist(
+        [f"runner.logger.log_path={tmp_path}/logs", "runner.logger.tensorboard=true", *overrides]))
+    return to_train_config(cfg)
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    return lambda *overrides: build_config(tmp_path, *overrides)

@@ -1,0 +1,68 @@
+"""Two FSDP2 actor ranks give the same first update as one rank on the same data."""
+
+import pytest
+import ray
+import torch
+
+from embodied_async.data import Trajectory
+from embodied_async.scheduler.channel import RayChannel
+from embodied_async.scheduler.worker_group import WorkerGroup, init_ray, wait_all
+from embodied_async.workers.actor_worker import ActorWorker
+
+SPEC = {"obs_shapes": {"states": (5,)}, "action_dim": 2, "num_action_chunks": 1}
+T, B = 6, 4
+
+
+def synthetic_trajectory() -> Trajectory:
+    g = torch.Generator().manual_seed(7)
+    rand = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    dones = torch.zeros(T, B, dtype=torch.bool)
+    dones[3, 1] = True
+    return Trajectory(
+        forward_inputs={"states": rand(T, B, 5)}, actions=rand(T, B, 1, 2), logprobs=rand(T, B) - 2.0,
+        values=rand(T, B), rewards=rand(T, B), dones=dones, bootstrap_values=torch.zeros(T, B),
+        loss_mask=torch.ones(T, B, dtype=torch.bool), versions=torch.zeros(T, B, dtype=torch.int64),
+        next_values=rand(B))
+
+
+def first_update(make_config, world_size: int, name: str):
+    # one epoch, one minibatch of the whole batch: the update is then independent of sample order
+    cfg = make_config(f"cluster.component_placement.actor=0-{world_size - 1}", "algorithm.update_epochs=1",
+                      f"actor.global_batch_size={T * B}", f"actor.micro_batch_size={T * B // 2}",
+                      "algorithm.target_kl=null", "model.hidden_sizes=[16,16]")
+    actor_ch, weight_ch = RayChannel.create(f"traj-{name}"), RayChannel.create(f"weights-{name}")
+    group = WorkerGroup("actor", ActorWorker, list(range(world_size)), "ray", device_kind="cpu",
+                        kwargs_for=lambda r: dict(cfg=cfg, rank=r, world_size=world_size, env_spec=SPEC,
+                                                  actor_channel=actor_ch, weight_channel=weight_ch,
+                                                  num_rollout_ranks=1))
+    try:
+        host, port = group.call_rank(0, "master_address").result()
+        wait_all(group.call("init_model", host, port), timeout=120)
+        wait_all(group.call("publish_weights"), timeout=60)
+        before = weight_ch.get(key=0, timeout=30)
+        for rank, shard in enumerate(synthetic_trajectory().split(world_size)):
+            actor_ch.put(shard, key=rank)
+        metrics = wait_all(group.call("train_step"), timeout=120)[0]
+        after = weight_ch.get(key=0, timeout=30)
+    finally:
+        wait_all(group.call("close"), timeout=30)
+        group.shutdown()
+        actor_ch.destroy()
+        weight_ch.destroy()
+    assert (before.version, after.version) == (0, 1)
+    return before.state_dict, after.state_dict, metrics
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_rank(make_config):
+    init_ray(1)
+    before_1, after_1, metrics_1 = first_update(make_config, 1, "one")
+    before_2, after_2, metrics_2 = first_update(make_config, 2, "two")
+    for key in before_1:
+        torch.testing.assert_close(before_1[key], before_2[key])  # same initial weights
+    moved = max((after_1[k] - before_1[k]).abs().max().item() for k in after_1)
+    assert moved > 1e-4  # the update really changed the weights
+    for key in after_1:
+        torch.testing.assert_close(after_1[key], after_2[key], atol=1e-6, rtol=1e-5)
+    assert metrics_1["train/critic/value_loss"] == pytest.approx(metrics_2["train/critic/value_loss"], rel=1e-5)
+    ray.shutdown()

@@ -1,0 +1,71 @@
+"""Simulator-free envs for tests of the graph itself (registered under test-only names)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from embodied_async.data import EnvOutput
+from embodied_async.registry import register_env
+
+
+class PointEnv:
+    """A 2-D point pushed towards the origin; episodes end at a time limit (bootstrapped).
+
+    ``faults`` maps a step count to what goes wrong then: "nan_reward" (sub-env 0),
+    "inf_obs" (sub-env 1) or "crash" (the env raises).
+    """
+
+    def __init__(self, num_envs: int, seed: int, horizon: int = 10, faults=None):
+        self.num_envs, self.horizon, self.faults = num_envs, horizon, dict(faults or {})
+        self.rng = np.random.default_rng(seed)
+        self.pos = self.rng.normal(size=(num_envs, 2)).astype(np.float32)
+        self.t = np.zeros(num_envs, dtype=np.int64)
+        self.steps = 0
+        self.spec = {"obs_shapes": {"states": (2,)}, "action_dim": 2, "num_action_chunks": 1,
+                     "action_low": [-1.0, -1.0], "action_high": [1.0, 1.0]}
+
+    def _obs(self):
+        return {"states": self.pos.copy(), "task_descriptions": ["reach the origin"] * self.num_envs}
+
+    def reset(self, seed=None) -> EnvOutput:
+        zeros = np.zeros(self.num_envs, dtype=bool)
+        return EnvOutput(self._obs(), np.zeros(self.num_envs, np.float32), zeros, zeros.copy(), zeros.copy(),
+                         ~zeros)
+
+    def reset_envs(self, indices):
+        self.pos[indices] = self.rng.normal(size=(len(indices), 2))
+        self.t[indices] = 0
+        return self._obs()
+
+    def step(self, actions) -> EnvOutput:
+        self.steps += 1
+        fault = self.faults.get(self.steps)
+        if fault == "crash":
+            raise RuntimeError("simulator exploded at step %d" % self.steps)
+        self.pos = self.pos + 0.1 * np.clip(actions[:, 0], -1, 1)
+        rewards = -np.linalg.norm(self.pos, axis=1).astype(np.float32)
+        self.t += 1
+        dones = self.t >= self.horizon
+        final = self._obs() if dones.any() else None
+        if dones.any():
+            self.reset_envs(np.flatnonzero(dones))
+        obs = self._obs()
+        if fault == "nan_reward":
+            rewards[0] = np.nan
+        if fault == "inf_obs":
+            obs["states"][1] = np.inf
+        successes = np.linalg.norm(self.pos, axis=1) < 0.1
+        return EnvOutput(obs, rewards, dones, dones.copy(), successes, np.ones(self.num_envs, bool), final)
+
+    def close(self):
+        pass
+
+
+@register_env("faulty_point", module="fake_envs")
+def build_faulty_point(env_cfg, num_envs, seed):
+    return PointEnv(num_envs, seed, faults={3: "nan_reward", 5: "inf_obs", 9: "nan_reward"})
+
+
+@register_env("crashing_point", module="fake_envs")
+def build_crashing_point(env_cfg, num_envs, seed):
+    return PointEnv(num_envs, seed, faults={4: "crash"})
