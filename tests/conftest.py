@@ -36,3 +36,15 @@ def build_config(tmp_path, *overrides: str):
 @pytest.fixture
 def make_config(tmp_path):
     return lambda *overrides: build_config(tmp_path, *overrides)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_ray_per_module():
+    """Each test module starts without a Ray session and leaves none behind."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    yield
+    if ray.is_initialized():
+        ray.shutdown()

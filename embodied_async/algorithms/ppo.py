@@ -121,9 +121,11 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                 if s.train_policy:
                     loss = loss + pg_loss - s.entropy_coef * ent
                 loss.backward()
-                # ---- bookkeeping (metrics are means over micro-batches) ----
-                for name, value in {**pg_metrics, **v_metrics, "entropy": float(ent.detach()) * normalizer /
-                                    max(float(mc.loss_mask.sum()), 1.0)}.items():
+                # ---- bookkeeping: per-sample means of each micro-batch, averaged ----
+                to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
+                pg_metrics["policy_loss"] *= to_mean
+                v_metrics["value_loss"] *= to_mean
+                for name, value in {**pg_metrics, **v_metrics, "entropy": float(ent.detach()) * to_mean}.items():
                     sums[name] += value
                     counts[name] += 1
                 epoch_kl += pg_metrics["proximal_approx_kl"]

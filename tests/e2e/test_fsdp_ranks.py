@@ -10,7 +10,7 @@ from embodied_async.scheduler.worker_group import WorkerGroup, init_ray, wait_al
 from embodied_async.workers.actor_worker import ActorWorker
 
 SPEC = {"obs_shapes": {"states": (5,)}, "action_dim": 2, "num_action_chunks": 1}
-T, B = 6, 4
+T, B = 8, 4  # the SMALL config: 4 envs x 8 steps
 
 
 def synthetic_trajectory() -> Trajectory:

@@ -17,7 +17,8 @@ from envs.maniskill import bootstrap_flags, task_instruction  # noqa: E402
 
 
 def make_env(num_envs: int = 2, seed: int = 0, **overrides):
-    cfg = EnvConfig(**{"task_id": "PushCube-v1", "max_episode_steps": 50, **overrides})
+    cfg = EnvConfig(**{"task_id": "PushCube-v1", "max_episode_steps": 50, "control_mode": "pd_ee_delta_pos",
+                       **overrides})
     return env_builder("maniskill")(cfg, num_envs=num_envs, seed=seed)
 
 
