@@ -90,7 +90,7 @@ class ActorWorker:
         self.optimizer = torch.optim.Adam(
             [{"params": groups["policy"], "lr": actor.lr},
              {"params": groups["value"], "lr": actor.value_lr if actor.value_lr is not None else actor.lr}],
-            eps=actor.adam_eps, weight_decay=actor.weight_decay)
+            eps=actor.adam_eps, weight_decay=actor.weight_decay, fused=True)
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:

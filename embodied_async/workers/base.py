@@ -60,3 +60,20 @@ class _Section:
     def __exit__(self, *exc):
         self.timer.add(self.name, time.perf_counter() - self.start)
         return False
+
+
+class Stopped(Exception):
+    """Raised inside a worker loop when it was asked to stop while waiting."""
+
+
+def wait_future(future, stop: threading.Event, poll: float = 0.5):
+    """The future's result; gives up with ``Stopped`` once ``stop`` is set.
+
+    A channel future that times out stays pending, so waiting again in slices is safe.
+    """
+    while True:
+        try:
+            return future.result(timeout=poll)
+        except TimeoutError:
+            if stop.is_set():
+                raise Stopped from None

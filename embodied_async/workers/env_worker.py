@@ -10,7 +10,7 @@ import numpy as np
 from embodied_async.data import ActionMessage, EnvOutput
 from embodied_async.registry import env_builder
 from embodied_async.scheduler.channel import ChannelClosed
-from embodied_async.workers.base import BusyTimer, setup_worker_process
+from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
 
 POLL_SECONDS = 0.5  # how often a blocked loop looks at its stop flag
 
@@ -65,6 +65,7 @@ class EnvWorker:
         self._stop = threading.Event()
         self._env_steps = 0
         self._nonfinite = 0
+        self._pending_puts = [None] * stages
 
     def spec(self) -> dict:
         return self.envs[0].spec
@@ -93,13 +94,12 @@ class EnvWorker:
         return out
 
     def _put(self, stage: int, out: EnvOutput) -> None:
+        """Send without waiting for the acknowledgement: the next output of this stage can only
+        come after the rollout answered this one, so at most one put per stage is in flight."""
         out.env_rank, out.stage = self.rank, stage
-        while not self._stop.is_set():
-            try:
-                self.env_channel.put(out, key=(self.rank, stage), timeout=POLL_SECONDS)
-                return
-            except TimeoutError:
-                continue
+        if self._pending_puts[stage] is not None:
+            wait_future(self._pending_puts[stage], self._stop)
+        self._pending_puts[stage] = self.env_channel.put_async(out, key=(self.rank, stage))
 
     def _get_actions(self, stage: int):
         while not self._stop.is_set():
@@ -125,7 +125,7 @@ class EnvWorker:
                         self.stats[stage].record(out, self.cfg.env.num_action_chunks)
                         self._env_steps += env.num_envs * self.cfg.env.num_action_chunks
                     self._put(stage, out)
-        except ChannelClosed:
+        except (ChannelClosed, Stopped):
             return
 
     def stop(self) -> None:

@@ -13,13 +13,9 @@ import torch
 from embodied_async.data import ActionMessage, EnvOutput, Trajectory, WeightMessage, concat_observations, slice_observation
 from embodied_async.registry import env_builder, model_builder
 from embodied_async.scheduler.channel import ChannelClosed
-from embodied_async.workers.base import BusyTimer, setup_worker_process
+from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
 
 POLL_SECONDS = 0.5
-
-
-class _Stopped(Exception):
-    pass
 
 
 @dataclass
@@ -86,6 +82,8 @@ class RolloutWorker:
         self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
         self._stop = threading.Event()
         self._eval_env = None
+        self._weight_future = None
+        self._pending_puts: List[list] = [[] for _ in range(cfg.env.pipeline_stage_num)]
 
     # ---- weights -------------------------------------------------------------------------
     def _load(self, message: WeightMessage) -> None:
@@ -94,33 +92,24 @@ class RolloutWorker:
         self.version = message.version
 
     def _refresh_weights(self, min_version: int) -> None:
-        """Take the newest published weights; block while older than ``min_version`` (throttle)."""
+        """Swap in the newest published weights; block while older than ``min_version`` (throttle).
+
+        One get on the weight channel is always armed, so checking for new weights costs no call.
+        """
         while True:
-            if self.weight_channel.qsize(self.rank) > 0:
-                self._load(self.weight_channel.get(key=self.rank))
+            if self._weight_future is None:
+                self._weight_future = self.weight_channel.get_async(key=self.rank)
+            if self._weight_future.done() or self.version < min_version:
+                message = wait_future(self._weight_future, self._stop, POLL_SECONDS)
+                self._weight_future = None
+                self._load(message)
                 continue
-            if self.version >= min_version:
-                return
-            if self._stop.is_set():
-                raise _Stopped
-            try:
-                self._load(self.weight_channel.get(key=self.rank, timeout=POLL_SECONDS))
-            except TimeoutError:
-                continue
+            return
 
     # ---- the loop ------------------------------------------------------------------------
     def _get_outputs(self, stage: int) -> EnvOutput:
-        outputs = []
-        for env_rank in self.env_ranks:
-            while True:
-                if self._stop.is_set():
-                    raise _Stopped
-                try:
-                    outputs.append(self.env_channel.get(key=(env_rank, stage), timeout=POLL_SECONDS))
-                    break
-                except TimeoutError:
-                    continue
-        return merge_env_outputs(outputs)
+        futures = [self.env_channel.get_async(key=(env_rank, stage)) for env_rank in self.env_ranks]
+        return merge_env_outputs([wait_future(f, self._stop, POLL_SECONDS) for f in futures])
 
     def _close_pending(self, buf: _StageBuffer, out: EnvOutput) -> None:
         step = buf.pending
@@ -142,14 +131,8 @@ class RolloutWorker:
         trajectory = stack_steps(buf.steps, next_values, buf.batch_index)
         buf.steps, buf.batch_index = [], buf.batch_index + 1
         for shard_rank, shard in enumerate(trajectory.split(self.actor_world_size)):
-            while True:
-                if self._stop.is_set():
-                    raise _Stopped
-                try:
-                    self.actor_channel.put(shard, key=shard_rank, timeout=POLL_SECONDS)
-                    break
-                except TimeoutError:
-                    continue
+            # blocking put: a full trajectory channel holds the rollout back (backpressure)
+            wait_future(self.actor_channel.put_async(shard, key=shard_rank), self._stop, POLL_SECONDS)
 
     def _step_stage(self, stage: int) -> None:
         buf = self.buffers[stage]
@@ -171,19 +154,21 @@ class RolloutWorker:
                 values=result.values.float().cpu(), version=self.version,
             )
             actions = buf.pending.actions.numpy()
-        start = 0
-        for env_rank in self.env_ranks:
-            size = out.num_envs // len(self.env_ranks)
-            message = ActionMessage(actions=actions[start:start + size], version=self.version)
-            self.action_channel.put(message, key=(env_rank, stage))
-            start += size
+        # sent without waiting: the env answers before it can need the next actions
+        for future in self._pending_puts[stage]:
+            wait_future(future, self._stop, POLL_SECONDS)
+        size = out.num_envs // len(self.env_ranks)
+        self._pending_puts[stage] = [
+            self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size], self.version),
+                                          key=(env_rank, stage))
+            for i, env_rank in enumerate(self.env_ranks)]
 
     def run(self) -> None:
         try:
             while not self._stop.is_set():
                 for stage in range(len(self.buffers)):
                     self._step_stage(stage)
-        except (_Stopped, ChannelClosed):
+        except (Stopped, ChannelClosed):
             return
 
     def stop(self) -> None:

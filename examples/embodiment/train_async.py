@@ -24,12 +24,16 @@ def main(cfg: DictConfig) -> None:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     from embodied_async.runner import run
+    from embodied_async.scheduler.worker_group import WorkerFailed
 
     try:
         result = run(train_cfg)
     except KeyboardInterrupt:
         print("[train_async] stopped by Ctrl-C", file=sys.stderr, flush=True)
         sys.exit(130)
+    except WorkerFailed as err:
+        print(f"[train_async] a worker failed, stopping the run: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     print(f"[train_async] done: {result}", flush=True)
 
 
