@@ -64,8 +64,6 @@ class EnvOutput:
     successes: np.ndarray  # bool [B]
     valid: np.ndarray  # bool [B]
     final_obs: Optional[Observation] = None
-    env_rank: int = 0
-    stage: int = 0
 
     @property
     def num_envs(self) -> int:
@@ -92,7 +90,6 @@ class ActionMessage:
     """Rollout -> env: the chunk to execute next."""
 
     actions: np.ndarray  # float32 [B, C, A]
-    version: int = 0
 
 
 @dataclass
@@ -115,7 +112,6 @@ class Trajectory:
     loss_mask: Any  # [T, B] bool
     versions: Any  # [T, B] int64
     next_values: Any  # [B]
-    batch_index: int = 0  # which rollout batch (k-th trajectory of its stream) this is
 
     @property
     def num_steps(self) -> int:
@@ -145,7 +141,6 @@ class Trajectory:
                     loss_mask=self.loss_mask[:, sl],
                     versions=self.versions[:, sl],
                     next_values=self.next_values[sl],
-                    batch_index=self.batch_index,
                 )
             )
         return shards

@@ -47,12 +47,11 @@ def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
     env_ids, rollout_ids, actor_ids = (placement.ids(c) for c in ("env", "rollout", "actor"))
     if backend == "local" and len(actor_ids) > 1:
         raise ValueError("cluster.backend=local runs one actor rank; place actor on one id or use backend=ray")
-    streams_per_rank = len(rollout_ids) * cfg.env.pipeline_stage_num
     run_id = uuid.uuid4().hex[:8]  # channel actors are named: keep runs in one Ray session apart
     env_ch = create_channel(backend, f"env_outputs-{run_id}", maxsize=2)
     action_ch = create_channel(backend, f"actions-{run_id}", maxsize=2)
-    actor_ch = create_channel(backend, f"trajectories-{run_id}",
-                              maxsize=streams_per_rank * (cfg.algorithm.staleness_threshold + 1))
+    # keyed by (rollout rank, stage, actor rank): one queue per stream and shard
+    actor_ch = create_channel(backend, f"trajectories-{run_id}", maxsize=cfg.algorithm.staleness_threshold + 1)
     weight_ch = create_channel(backend, f"weights-{run_id}", maxsize=0)
 
     env = WorkerGroup("env", EnvWorker, env_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
@@ -72,11 +71,15 @@ def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
 
 
 def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
-    """Write ``root/global_step_<step>`` atomically (temp folder, then rename)."""
+    """Write ``root/global_step_<step>``; a crash at any point leaves every earlier checkpoint whole.
+
+    Everything goes to a temporary folder first; an existing folder of the same step is moved
+    aside before the rename and deleted only after it.
+    """
     import torch
 
     final = os.path.join(root, f"global_step_{step}")
-    tmp = final + ".tmp"
+    tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     wait_all(graph.actor.call("save_checkpoint", tmp), timeout=600)
@@ -84,20 +87,25 @@ def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
     torch.save(rollout_states, os.path.join(tmp, "rollout.pt"))
     with open(os.path.join(tmp, "runner.json"), "w") as f:
         json.dump(state, f)
-    shutil.rmtree(final, ignore_errors=True)
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
-    with open(os.path.join(root, "latest"), "w") as f:
+    shutil.rmtree(old, ignore_errors=True)
+    with open(os.path.join(root, "latest.tmp"), "w") as f:
         f.write(os.path.basename(final) + "\n")
+    os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
     return final
 
 
 def read_resume_state(resume_dir: Optional[str]) -> Dict:
     if not resume_dir:
         return {"step": 0, "env_steps": 0, "version": 0}
+    for name in ("runner.json", "actor.pt", "rollout.pt"):
+        if not os.path.exists(os.path.join(resume_dir, name)):
+            raise FileNotFoundError(f"runner.resume_dir={resume_dir!r} holds no {name}: point it at a complete "
+                                    "checkpoint folder such as logs/<run>/checkpoints/global_step_50")
     path = os.path.join(resume_dir, "runner.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"runner.resume_dir={resume_dir!r} holds no runner.json: point it at a "
-                                "checkpoint folder such as logs/<run>/checkpoints/global_step_50")
     with open(path) as f:
         return json.load(f)
 
@@ -114,7 +122,9 @@ class Runner:
         self.eval_in_flight: Optional[Pending] = None
         self.last_eval: Optional[float] = None
         self.totals: Dict[str, float] = {}
-        self.last_saved_step: Optional[int] = None
+        # a resumed run's own checkpoint is already on disk: never rewrite it for nothing
+        self.last_saved_step: Optional[int] = self.state["step"] if cfg.runner.resume_dir else None
+        self.started = False
 
     # ---- start-up ----------------------------------------------------------------------------
     def _start(self) -> None:
@@ -125,13 +135,23 @@ class Runner:
         if cfg.runner.resume_dir:
             import torch
 
-            versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
+            try:
+                versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
+            except Exception as err:
+                raise RuntimeError(f"could not resume from runner.resume_dir={cfg.runner.resume_dir!r}: the "
+                                   "checkpoint must come from a run with the same model config. "
+                                   f"Loading failed with: {err}") from err
             rollout_states = torch.load(os.path.join(cfg.runner.resume_dir, "rollout.pt"), weights_only=False)
+            if len(rollout_states) != len(graph.rollout):
+                raise ValueError(f"the checkpoint in runner.resume_dir has {len(rollout_states)} rollout workers' "
+                                 f"state, this run places {len(graph.rollout)}: resume with the same "
+                                 "cluster.component_placement.rollout")
             wait_all([graph.rollout.call_rank(r, "set_state", s) for r, s in enumerate(rollout_states)])
             print(f"[runner] resumed from {cfg.runner.resume_dir}: step {self.state['step']}, "
                   f"version {versions[0]}", flush=True)
         wait_all(graph.actor.call("publish_weights"))
         self.loops = graph.env.call("run") + graph.rollout.call("run")
+        self.started = True
 
     def _accumulate(self, metrics: Dict[str, float]) -> None:
         for key in ("time/env", "time/rollout", "time/actor_training"):
@@ -165,9 +185,9 @@ class Runner:
         while self.state["step"] < cfg.runner.max_steps:
             self.in_flight = graph.actor.call("train_step")
             actor_metrics = wait_all(self.in_flight, watch=self.loops)[0]
-            self.in_flight = []
             self.state["step"] += 1
             self.state["version"] = int(actor_metrics["train/actor/current_version"]) + 1
+            self.in_flight = []
             now = time.time()
             record = self._collect_metrics(actor_metrics, now - last_time)
             last_time = now
@@ -207,7 +227,8 @@ class Runner:
     def _on_interrupt(self) -> None:
         """Ctrl-C: let the update in flight finish (briefly), save, then stop everything."""
         print("\n[runner] interrupted: finishing the update in flight and saving a checkpoint", flush=True)
-        if self.graph is None:
+        if not self.started:  # still starting (maybe loading the checkpoint we resume from): save nothing
+            print("[runner] interrupted during start-up: no new checkpoint written", flush=True)
             return
         if self.in_flight:
             try:
@@ -215,11 +236,13 @@ class Runner:
                 self.state["step"] += 1
                 self.state["version"] = int(metrics["train/actor/current_version"]) + 1
             except (TimeoutError, WorkerFailed) as err:
-                print(f"[runner] the update in flight did not finish ({err}); saving the last completed one",
-                      flush=True)
-                return  # the actor is mid-update: its state is not a consistent checkpoint
+                # the actor is mid-update: its state is not a consistent checkpoint
+                print(f"[runner] the update in flight did not finish ({err}); the last saved checkpoint "
+                      f"(step {self.last_saved_step}) stays as it was", flush=True)
+                return
         self._stop_loops()
-        self._save()
+        if self.last_saved_step != self.state["step"]:
+            self._save()
 
     def _stop_loops(self) -> None:
         for group in (self.graph.env, self.graph.rollout):
@@ -245,15 +268,15 @@ class Runner:
             group.shutdown()
 
     def run(self) -> Dict[str, float]:
-        """Train to ``runner.max_steps``; always leaves a checkpoint of the last completed step."""
+        """Train to ``runner.max_steps``; saves the last completed step on a normal end and on Ctrl-C."""
         os.makedirs(self.log_path, exist_ok=True)
         logger = MetricLogger(self.log_path, self.cfg.runner.logger.tensorboard)
         try:
             self._start()
             self._train(logger)
-            self._final_eval(logger)
             if self.last_saved_step != self.state["step"]:
-                self._save()
+                self._save()  # before the final evaluation, so a failing evaluation loses nothing
+            self._final_eval(logger)
         except KeyboardInterrupt:
             self._on_interrupt()
             raise

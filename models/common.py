@@ -11,7 +11,7 @@ The Policy protocol (DESIGN.md):
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,10 +20,11 @@ from torch import nn
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
 
-def as_tensor(value, dtype=torch.float32) -> torch.Tensor:
+def as_tensor(value, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Observation arrays (numpy from the env, or tensors) on the policy's device."""
     if isinstance(value, torch.Tensor):
-        return value.to(dtype)
-    return torch.as_tensor(np.asarray(value), dtype=dtype)
+        return value.to(device=device, dtype=dtype)
+    return torch.as_tensor(np.asarray(value), dtype=dtype, device=device)
 
 
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
@@ -94,14 +95,3 @@ class GaussianHead(nn.Module):
         dist = self.distribution(mean)
         flat = actions.reshape(mean.shape).to(mean.dtype)
         return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1)
-
-
-def split_param_groups(model: nn.Module, value_prefixes: Sequence[str]) -> Dict[str, list]:
-    """Parameters of the value head(s) vs the rest (they may use their own learning rate)."""
-    groups: Dict[str, list] = {"policy": [], "value": []}
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        key = "value" if any(name.startswith(p) for p in value_prefixes) else "policy"
-        groups[key].append(param)
-    return groups

@@ -105,14 +105,14 @@ class RolloutConfig:
     num_steps: int = 50  # decisions per trajectory (T)
     # True: log pi_proximal from a forward pass before the update; False: interpolate by version
     recompute_logprobs: bool = True
-    sampling_temperature: float = 1.0
 
 
 @dataclass
 class ActorConfig:
     # samples per optimiser step over all ranks; the rollout batch splits into minibatches of it
     global_batch_size: int = 100
-    micro_batch_size: int = 100  # per rank, per forward/backward (gradient accumulation)
+    # per rank, per forward/backward (gradient accumulation); capped at the rank's share of a minibatch
+    micro_batch_size: int = 100
     lr: float = 3e-4
     value_lr: Optional[float] = None  # None: same as lr
     critic_warmup_steps: int = 0  # first updates train only the value head

@@ -114,7 +114,19 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
     _require(0.0 < cfg.algorithm.gamma <= 1.0, "algorithm.gamma must be in (0, 1]")
     _require(0.0 <= cfg.algorithm.gae_lambda <= 1.0, "algorithm.gae_lambda must be in [0, 1]")
     _require(cfg.algorithm.clip_ratio_c > 1.0, "algorithm.clip_ratio_c (dual clip) must be > 1")
+    _require(cfg.algorithm.huber_delta > 0, "algorithm.huber_delta must be > 0")
+    _require(cfg.actor.max_grad_norm > 0, "actor.max_grad_norm must be > 0 (it clips the gradient norm)")
+    if cfg.model.name in ("mlp", "cnn"):
+        unused = [key for key, value in (("model.lora.enabled", cfg.model.lora.enabled),
+                                         ("model.gradient_checkpointing", cfg.model.gradient_checkpointing),
+                                         ("model.path", cfg.model.path)) if value]
+        _require(not unused, f"{', '.join(unused)} apply to pretrained models; model.name={cfg.model.name} "
+                             "does not use them: remove the override")
 
+    if cfg.cluster.backend == "local" and placement.device_kind == "gpu":
+        all_ids = {i for c in ("env", "rollout", "actor") for i in placement.ids(c)}
+        _require(len(all_ids) == 1, "cluster.backend=local runs in one process, which sees one GPU: place "
+                                    "every component on the same GPU id, or use cluster.backend=ray")
     num_env_procs = len(placement.ids("env"))
     num_rollout_procs = len(placement.ids("rollout"))
     world = len(placement.ids("actor"))
@@ -133,9 +145,13 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
     _require(batch % cfg.actor.global_batch_size == 0,
              f"the rollout batch (env.num_envs x rollout.num_steps = {batch}) must be a multiple of "
              f"actor.global_batch_size={cfg.actor.global_batch_size}")
-    _require(cfg.actor.global_batch_size % (cfg.actor.micro_batch_size * world) == 0,
-             f"actor.global_batch_size={cfg.actor.global_batch_size} must be a multiple of "
-             f"actor.micro_batch_size x actor ranks = {cfg.actor.micro_batch_size} x {world}")
+    _require(cfg.actor.global_batch_size % world == 0,
+             f"actor.global_batch_size={cfg.actor.global_batch_size} must split evenly over the {world} actor ranks")
+    per_rank = cfg.actor.global_batch_size // world
+    micro = min(cfg.actor.micro_batch_size, per_rank)
+    _require(per_rank % micro == 0,
+             f"each actor rank's share of actor.global_batch_size ({per_rank}) must be a multiple of "
+             f"actor.micro_batch_size={cfg.actor.micro_batch_size}")
     _require(cfg.runner.eval_episodes % cfg.runner.eval_num_envs == 0,
              f"runner.eval_episodes={cfg.runner.eval_episodes} must be a multiple of "
              f"runner.eval_num_envs={cfg.runner.eval_num_envs}")

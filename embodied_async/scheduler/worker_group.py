@@ -57,6 +57,31 @@ def init_ray(num_nodes: int) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def gpu_slots() -> List[tuple]:
+    """Every GPU of the Ray cluster as ``(node_id, local_gpu_index)``, counted node by node.
+
+    Placement ids count across nodes in this order (the head node first), so ``actor: 0-15`` on
+    two 8-GPU nodes means all GPUs of both.
+    """
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("GPU", 0) > 0]
+    nodes.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
+    return [(n["NodeID"], i) for n in nodes for i in range(int(n["Resources"]["GPU"]))]
+
+
+def _gpu_actor_options(device_id: int, slots: List[tuple]) -> Dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if device_id >= len(slots):
+        raise ValueError(f"cluster.component_placement names GPU {device_id}, but the Ray cluster has "
+                         f"{len(slots)} GPUs; start more nodes or change the placement")
+    node_id, _ = slots[device_id]
+    # we pin CUDA_VISIBLE_DEVICES ourselves from the placement id, so Ray must not touch it
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+            "runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
+
+
 class WorkerGroup:
     """``len(device_ids)`` instances of ``cls``; ``kwargs_for(rank)`` gives each one's arguments."""
 
@@ -66,17 +91,17 @@ class WorkerGroup:
         self.device_ids = list(device_ids)
         self.workers: List[Any] = []
         self._pools: List[concurrent.futures.ThreadPoolExecutor] = []
+        slots = gpu_slots() if backend == "ray" and device_kind == "gpu" else []
         for rank, device_id in enumerate(self.device_ids):
-            kwargs = dict(kwargs_for(rank), device_kind=device_kind, device_id=device_id)
+            # on GPUs the worker sees its node-local index; on CPUs the id is just a process slot
+            local_id = slots[device_id][1] if slots and device_id < len(slots) else device_id
+            kwargs = dict(kwargs_for(rank), device_kind=device_kind, device_id=local_id)
             if backend == "ray":
                 import ray
 
                 remote_cls = ray.remote(num_cpus=0, max_concurrency=8)(cls)
-                options: Dict[str, Any] = {"name": None}
-                if device_kind == "gpu":
-                    # we pin CUDA_VISIBLE_DEVICES ourselves from the placement id
-                    options["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
-                self.workers.append(remote_cls.options(**{k: v for k, v in options.items() if v}).remote(**kwargs))
+                options = _gpu_actor_options(device_id, slots) if device_kind == "gpu" else {}
+                self.workers.append(remote_cls.options(**options).remote(**kwargs))
             else:
                 self._pools.append(concurrent.futures.ThreadPoolExecutor(max_workers=4,
                                                                          thread_name_prefix=f"{name}{rank}"))

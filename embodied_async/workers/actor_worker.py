@@ -51,14 +51,18 @@ class ActorWorker:
         self.env_spec = env_spec
         self.actor_channel, self.weight_channel = actor_channel, weight_channel
         self.num_rollout_ranks = num_rollout_ranks
-        self.shards_per_step = num_rollout_ranks * cfg.env.pipeline_stage_num
+        self.streams = [(r, s) for r in range(num_rollout_ranks) for s in range(cfg.env.pipeline_stage_num)]
         self.version = 0
         self.staleness_filter = StalenessFilter(cfg.algorithm.staleness_threshold)
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
 
     # ---- set-up ------------------------------------------------------------------------------
     def master_address(self) -> tuple:
-        host = "127.0.0.1" if self.cfg.cluster.num_nodes == 1 else socket.gethostbyname(socket.gethostname())
+        host = "127.0.0.1"
+        if self.cfg.cluster.num_nodes > 1:  # the other ranks may live on other nodes
+            import ray
+
+            host = ray.util.get_node_ip_address()
         return host, free_port()
 
     def init_model(self, host: str, port: int) -> None:
@@ -115,22 +119,24 @@ class ActorWorker:
         return self.version
 
     # ---- training ----------------------------------------------------------------------------
-    def _get_shard(self) -> Trajectory:
+    def _get_shard(self, stream: tuple) -> Trajectory:
         while True:
             try:
-                return self.actor_channel.get(key=self.rank, timeout=POLL_SECONDS)
+                return self.actor_channel.get(key=(*stream, self.rank), timeout=POLL_SECONDS)
             except TimeoutError:
                 continue
 
     def _collect(self) -> List[Trajectory]:
-        """Take ``shards_per_step`` fresh shards; all ranks keep or drop the same shard together."""
+        """One fresh shard per stream (rollout rank x pipeline stage), streams in a fixed order, so
+        every rank holds its shard of the same trajectories and keeps or drops them together."""
         kept: List[Trajectory] = []
-        while len(kept) < self.shards_per_step:
-            shard = self._get_shard()
-            fresh = self.staleness_filter.accept(shard.versions, self.version)
-            agreed = self._all_reduce_sum(torch.tensor([float(fresh)]))[0] == self.world_size
-            if agreed:
-                kept.append(shard)
+        for stream in self.streams:
+            while True:
+                shard = self._get_shard(stream)
+                fresh = self.staleness_filter.accept(shard.versions, self.version)
+                if self._all_reduce_sum(torch.tensor([float(fresh)]))[0] == self.world_size:
+                    kept.append(shard)
+                    break
         return kept
 
     def _build_batch(self, traj: Trajectory) -> tuple:
@@ -145,9 +151,10 @@ class ActorWorker:
 
     def _settings(self, batch_size: int) -> UpdateSettings:
         alg, actor = self.cfg.algorithm, self.cfg.actor
+        per_rank = actor.global_batch_size // self.world_size
         return UpdateSettings(
-            epochs=alg.update_epochs, minibatch_size=actor.global_batch_size // self.world_size,
-            micro_batch_size=actor.micro_batch_size, world_size=self.world_size, version=self.version,
+            epochs=alg.update_epochs, minibatch_size=per_rank,
+            micro_batch_size=min(actor.micro_batch_size, per_rank), world_size=self.world_size, version=self.version,
             recompute_logprobs=self.cfg.rollout.recompute_logprobs,
             train_policy=self.version >= actor.critic_warmup_steps, clip_ratio_low=alg.clip_ratio_low,
             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,

@@ -96,7 +96,6 @@ class EnvWorker:
     def _put(self, stage: int, out: EnvOutput) -> None:
         """Send without waiting for the acknowledgement: the next output of this stage can only
         come after the rollout answered this one, so at most one put per stage is in flight."""
-        out.env_rank, out.stage = self.rank, stage
         if self._pending_puts[stage] is not None:
             wait_future(self._pending_puts[stage], self._stop)
         self._pending_puts[stage] = self.env_channel.put_async(out, key=(self.rank, stage))

@@ -50,7 +50,7 @@ def merge_env_outputs(outputs: List[EnvOutput]) -> EnvOutput:
                      bootstrap=cat("bootstrap"), successes=cat("successes"), valid=cat("valid"), final_obs=final)
 
 
-def stack_steps(steps: List[_Step], next_values: torch.Tensor, batch_index: int) -> Trajectory:
+def stack_steps(steps: List[_Step], next_values: torch.Tensor) -> Trajectory:
     stack = lambda name: torch.stack([getattr(s, name) for s in steps])  # noqa: E731
     keys = steps[0].forward_inputs.keys()
     return Trajectory(
@@ -58,7 +58,7 @@ def stack_steps(steps: List[_Step], next_values: torch.Tensor, batch_index: int)
         actions=stack("actions"), logprobs=stack("logprobs"), values=stack("values"), rewards=stack("rewards"),
         dones=stack("dones"), bootstrap_values=stack("bootstrap_values"), loss_mask=stack("loss_mask"),
         versions=torch.tensor([[s.version] * s.values.shape[0] for s in steps], dtype=torch.int64),
-        next_values=next_values, batch_index=batch_index,
+        next_values=next_values,
     )
 
 
@@ -71,8 +71,8 @@ class RolloutWorker:
         self.cfg, self.rank, self.env_ranks = cfg, rank, list(env_ranks)
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
-        torch.manual_seed(cfg.runner.seed)
         self.policy = model_builder(cfg.model.name)(cfg.model, env_spec).to(self.device).eval()
+        torch.manual_seed(seed)  # each rollout rank draws its own exploration noise
         self.env_channel, self.action_channel = env_channel, action_channel
         self.actor_channel, self.weight_channel = actor_channel, weight_channel
         self.actor_world_size = actor_world_size
@@ -88,23 +88,39 @@ class RolloutWorker:
     # ---- weights -------------------------------------------------------------------------
     def _load(self, message: WeightMessage) -> None:
         with self._policy_lock:
-            self.policy.load_state_dict(message.state_dict, strict=False)
+            result = self.policy.load_state_dict(message.state_dict, strict=False)
+        # only buffers (observation statistics) may be missing: a renamed parameter would
+        # otherwise be skipped silently while the version still advances
+        buffers = {name for name, _ in self.policy.named_buffers()}
+        missing = [k for k in result.missing_keys if k not in buffers]
+        if result.unexpected_keys or missing:
+            raise RuntimeError(f"published weights do not match the rollout policy: unexpected "
+                               f"{result.unexpected_keys[:5]}, missing {missing[:5]}")
         self.version = message.version
 
-    def _refresh_weights(self, min_version: int) -> None:
-        """Swap in the newest published weights; block while older than ``min_version`` (throttle).
-
-        One get on the weight channel is always armed, so checking for new weights costs no call.
-        """
+    def _poll_weights(self) -> None:
+        """Swap in any weights published since the last look (one get is always armed, so a look
+        costs no call)."""
         while True:
             if self._weight_future is None:
                 self._weight_future = self.weight_channel.get_async(key=self.rank)
-            if self._weight_future.done() or self.version < min_version:
-                message = wait_future(self._weight_future, self._stop, POLL_SECONDS)
-                self._weight_future = None
-                self._load(message)
-                continue
-            return
+            if not self._weight_future.done():
+                return
+            message = self._weight_future.result()
+            self._weight_future = None
+            self._load(message)
+
+    def _wait_for_weights(self) -> None:
+        if self._weight_future is None:
+            self._weight_future = self.weight_channel.get_async(key=self.rank)
+        message = wait_future(self._weight_future, self._stop, POLL_SECONDS)
+        self._weight_future = None
+        self._load(message)
+
+    def _required_version(self, stage: int) -> int:
+        # Never run more than staleness_threshold versions ahead of the actor: batch k needs
+        # weights of version >= k - threshold (0 = synchronous PPO).
+        return max(0, self.buffers[stage].batch_index - self.cfg.algorithm.staleness_threshold)
 
     # ---- the loop ------------------------------------------------------------------------
     def _get_outputs(self, stage: int) -> EnvOutput:
@@ -125,26 +141,32 @@ class RolloutWorker:
         buf.steps.append(step)
         buf.pending = None
 
-    def _emit(self, buf: _StageBuffer, obs) -> None:
+    def _finish_trajectory(self, buf: _StageBuffer, obs) -> List[Trajectory]:
         with self._policy_lock:
             next_values = self.policy.value(obs).float().cpu()
-        trajectory = stack_steps(buf.steps, next_values, buf.batch_index)
+        trajectory = stack_steps(buf.steps, next_values)
         buf.steps, buf.batch_index = [], buf.batch_index + 1
-        for shard_rank, shard in enumerate(trajectory.split(self.actor_world_size)):
-            # blocking put: a full trajectory channel holds the rollout back (backpressure)
-            wait_future(self.actor_channel.put_async(shard, key=shard_rank), self._stop, POLL_SECONDS)
+        return trajectory.split(self.actor_world_size)
 
-    def _step_stage(self, stage: int) -> None:
+    def _receive(self, stage: int) -> EnvOutput:
+        """Take the stage's env outputs; close the pending step; ship a finished trajectory."""
         buf = self.buffers[stage]
         out = self._get_outputs(stage)
+        shards = []
         with self.timer.section("rollout"):
             if buf.pending is not None:
                 self._close_pending(buf, out)
             if len(buf.steps) == self.cfg.rollout.num_steps:
-                self._emit(buf, out.obs)
-        # Never run more than staleness_threshold versions ahead of the actor: batch k needs
-        # weights of version >= k - threshold (0 = synchronous PPO).
-        self._refresh_weights(buf.batch_index - self.cfg.algorithm.staleness_threshold)
+                shards = self._finish_trajectory(buf, out.obs)
+        for actor_rank, shard in enumerate(shards):
+            # one key per (stream, actor rank): every actor rank sees the streams in the same order;
+            # a blocking put, so a full trajectory channel holds the rollout back (backpressure)
+            key = (self.rank, stage, actor_rank)
+            wait_future(self.actor_channel.put_async(shard, key=key), self._stop, POLL_SECONDS)
+        return out
+
+    def _act(self, stage: int, out: EnvOutput) -> None:
+        buf = self.buffers[stage]
         with self.timer.section("rollout"):
             with self._policy_lock:
                 result = self.policy.predict(out.obs, mode="train")
@@ -159,15 +181,25 @@ class RolloutWorker:
             wait_future(future, self._stop, POLL_SECONDS)
         size = out.num_envs // len(self.env_ranks)
         self._pending_puts[stage] = [
-            self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size], self.version),
-                                          key=(env_rank, stage))
+            self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size]), key=(env_rank, stage))
             for i, env_rank in enumerate(self.env_ranks)]
 
     def run(self) -> None:
+        """Serve the stages in turn. A stage that may not start its next batch yet (throttle) is
+        parked with its observation while the others go on; only when every stage is parked does
+        the loop block for new weights (so synchronous PPO with pipeline stages cannot deadlock)."""
+        parked: List[Optional[EnvOutput]] = [None] * len(self.buffers)
         try:
             while not self._stop.is_set():
                 for stage in range(len(self.buffers)):
-                    self._step_stage(stage)
+                    if parked[stage] is None:
+                        parked[stage] = self._receive(stage)
+                    self._poll_weights()
+                    if self.version >= self._required_version(stage):
+                        self._act(stage, parked[stage])
+                        parked[stage] = None
+                if all(p is not None for p in parked):
+                    self._wait_for_weights()
         except (Stopped, ChannelClosed):
             return
 

@@ -51,9 +51,10 @@ class CNNPolicy(nn.Module):
         self.state_dim = state_dim
 
     def _inputs(self, obs, update_stats: bool) -> dict:
-        inputs = {"images": as_tensor(obs["main_images"], torch.uint8)}
+        device = self.head.log_std.device
+        inputs = {"images": as_tensor(obs["main_images"], torch.uint8, device)}
         if self.state_dim:
-            states = as_tensor(obs["states"])
+            states = as_tensor(obs["states"], device=device)
             if self.normalizer is not None:
                 if update_stats:
                     self.normalizer.update(states)

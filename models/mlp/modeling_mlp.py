@@ -25,7 +25,7 @@ class MLPPolicy(nn.Module):
         self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
 
     def _inputs(self, obs, update_stats: bool) -> torch.Tensor:
-        states = as_tensor(obs["states"])
+        states = as_tensor(obs["states"], device=self.head.log_std.device)
         if self.normalizer is None:
             return states
         if update_stats:

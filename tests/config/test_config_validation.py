@@ -27,7 +27,7 @@ def test_small_config_is_valid(tmp_path):
     ("env.obs_mode=depth", "env.obs_mode='depth'"),
     ("env.num_envs=5", "env.num_envs=5 must divide evenly over 2 env processes"),
     ("actor.global_batch_size=10", "must be a multiple of actor.global_batch_size=10"),
-    ("actor.micro_batch_size=5", "actor.global_batch_size=16 must be a multiple of actor.micro_batch_size"),
+    ("actor.micro_batch_size=5", "share of actor.global_batch_size (16) must be a multiple of actor.micro_batch_size=5"),
     ("cluster.device_type=gpu", "asks for GPUs, but this machine has none"),
     ("cluster.component_placement.env=3-1", "cluster.component_placement"),
     ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c"),

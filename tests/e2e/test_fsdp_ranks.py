@@ -41,7 +41,7 @@ def first_update(make_config, world_size: int, name: str):
         wait_all(group.call("publish_weights"), timeout=60)
         before = weight_ch.get(key=0, timeout=30)
         for rank, shard in enumerate(synthetic_trajectory().split(world_size)):
-            actor_ch.put(shard, key=rank)
+            actor_ch.put(shard, key=(0, 0, rank))  # stream (rollout 0, stage 0), actor rank
         metrics = wait_all(group.call("train_step"), timeout=120)[0]
         after = weight_ch.get(key=0, timeout=30)
     finally:

@@ -87,3 +87,16 @@ def test_dead_worker_fails_the_run_with_its_error(make_config):
                       "runner.max_steps=3", "runner.val_check_interval=0", "runner.save_interval=0")
     with pytest.raises(WorkerFailed, match="simulator exploded"):
         Runner(cfg).run()
+
+
+def test_interpolated_proximal_logprobs_train(make_config):
+    """rollout.recompute_logprobs=false: log pi_proximal is interpolated by version instead."""
+    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+                      "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
+                      "rollout.recompute_logprobs=false", "runner.max_steps=3", "runner.val_check_interval=0",
+                      "runner.save_interval=0")
+    assert Runner(cfg).run()["step"] == 3
+    records = train_records(read_records(cfg))
+    assert [r["train/actor/current_version"] for r in records] == [0.0, 1.0, 2.0]
+    for r in records:
+        assert np.isfinite(r["train/actor/policy_loss"]) and np.isfinite(r["train/actor/behav_approx_kl"])
