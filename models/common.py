@@ -24,7 +24,10 @@ def as_tensor(value, dtype=torch.float32, device=None) -> torch.Tensor:
     """Observation arrays (numpy from the env, or tensors) on the policy's device."""
     if isinstance(value, torch.Tensor):
         return value.to(device=device, dtype=dtype)
-    return torch.as_tensor(np.asarray(value), dtype=dtype, device=device)
+    array = np.asarray(value)
+    if not array.flags.writeable:  # arrays Ray hands over without a copy are read-only
+        array = array.copy()
+    return torch.as_tensor(array, dtype=dtype, device=device)
 
 
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
