@@ -16,10 +16,10 @@ def pool_env_metrics(parts, interval_s: float) -> Dict[str, float]:
     out = {"env/env_steps": steps, "env/episodes": episodes, "env/nonfinite_dropped": total("nonfinite_dropped"),
            "time/env": total("time_env") / max(len(parts), 1),
            "throughput/env_steps_per_s": steps / interval_s if interval_s > 0 else 0.0}
-    if episodes:
-        out.update({"env/success_rate": total("success_sum") / episodes,
-                    "env/episode_return": total("return_sum") / episodes,
-                    "env/episode_len": total("len_sum") / episodes})
+    # no episode finished in this interval: the rates are undefined (null in metrics.jsonl)
+    per_episode = (lambda key: total(key) / episodes) if episodes else (lambda key: float("nan"))  # noqa: E731
+    out.update({"env/success_rate": per_episode("success_sum"), "env/episode_return": per_episode("return_sum"),
+                "env/episode_len": per_episode("len_sum")})
     return out
 
 
@@ -50,9 +50,9 @@ class MetricLogger:
 
 
 def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[float]) -> str:
-    success = record.get("env/success_rate")
+    success = record.get("env/success_rate", float("nan"))
     parts = [f"step {int(record['step'])}/{max_steps}", f"env steps {int(record['env_steps'])}",
-             f"success {success:.2f}" if success is not None else "success  -  ",
+             f"success {success:.2f}" if math.isfinite(success) else "success  -  ",
              f"eval {last_eval:.2f}" if last_eval is not None else "eval  -  ",
              f"{record.get('throughput/env_steps_per_s', 0.0):.0f} env steps/s",
              f"staleness {record.get('train/actor/staleness', 0.0):.2f}",

@@ -157,16 +157,19 @@ class Runner:
         for key in ("time/env", "time/rollout", "time/actor_training"):
             self.totals[key] = self.totals.get(key, 0.0) + metrics.get(key, 0.0)
 
-    def _poll_eval(self, step: int, record: Dict) -> None:
-        if self.eval_in_flight is not None and self.eval_in_flight.done():
-            result = wait_all([self.eval_in_flight], watch=self.loops)[0]
-            record.update(result)
-            self.last_eval = result["eval/success_rate"]
-            self.eval_in_flight = None
-        interval = self.cfg.runner.val_check_interval
-        if interval and step % interval == 0 and self.eval_in_flight is None:
+    def _launch_eval(self) -> None:
+        if self.eval_in_flight is None:
             self.eval_in_flight = self.graph.rollout.call_rank(
                 0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
+
+    def _take_eval(self, record: Dict, wait: bool) -> None:
+        """Add a finished evaluation's results to ``record`` (waiting for it when ``wait``)."""
+        if self.eval_in_flight is None or not (wait or self.eval_in_flight.done()):
+            return
+        result = wait_all([self.eval_in_flight], watch=self.loops, timeout=600 if wait else None)[0]
+        self.eval_in_flight = None
+        record.update(result)
+        self.last_eval = result["eval/success_rate"]
 
     def _collect_metrics(self, actor_metrics: Dict, interval_s: float) -> Dict[str, float]:
         graph = self.graph
@@ -196,27 +199,22 @@ class Runner:
             record.update(step=self.state["step"], env_steps=self.state["env_steps"],
                           wall_time_s=self.state["wall_time_s"])
             self._accumulate(record)
-            self._poll_eval(self.state["step"], record)
+            step = self.state["step"]
+            last = step >= cfg.runner.max_steps or bool(
+                cfg.runner.max_env_steps and self.state["env_steps"] >= cfg.runner.max_env_steps)
+            interval = cfg.runner.val_check_interval
+            self._take_eval(record, wait=last)  # at the end, let an older evaluation finish first
+            if last or (cfg.runner.save_interval and step % cfg.runner.save_interval == 0):
+                self._save()  # before the final evaluation, so a failing evaluation loses nothing
+            if interval and (step % interval == 0 or last):
+                self._launch_eval()
+            if last and interval:  # the last record carries the evaluation of the final policy
+                self._take_eval(record, wait=True)
+                print(f"[runner] final eval at step {step}: success rate {self.last_eval:.3f}", flush=True)
             logger.log(record)
             print_progress(progress_line(record, cfg.runner.max_steps, self.last_eval))
-            if cfg.runner.save_interval and self.state["step"] % cfg.runner.save_interval == 0:
-                self._save()
-            if cfg.runner.max_env_steps and self.state["env_steps"] >= cfg.runner.max_env_steps:
-                print(f"[runner] reached runner.max_env_steps={cfg.runner.max_env_steps}", flush=True)
+            if last:
                 break
-
-    def _final_eval(self, logger: MetricLogger) -> None:
-        if not self.cfg.runner.val_check_interval:
-            return
-        if self.eval_in_flight is None:
-            self.eval_in_flight = self.graph.rollout.call_rank(
-                0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
-        result = wait_all([self.eval_in_flight], watch=self.loops, timeout=600)[0]
-        self.eval_in_flight = None
-        self.last_eval = result["eval/success_rate"]
-        logger.log({"step": self.state["step"], "env_steps": self.state["env_steps"],
-                    "wall_time_s": self.state["wall_time_s"], **result})
-        print(f"[runner] final eval at step {self.state['step']}: success rate {self.last_eval:.3f}", flush=True)
 
     def _save(self) -> str:
         path = save_checkpoint(self.graph, self.checkpoint_root, self.state["step"], dict(self.state))
@@ -255,6 +253,10 @@ class Runner:
         if self.graph is None:
             return
         self._stop_loops()
+        try:  # the loops notice the stop flag within a poll interval
+            wait_all(self.loops, timeout=3)
+        except Exception:
+            pass
         for channel in self.graph.channels:
             try:
                 getattr(channel, "destroy", channel.close)()
@@ -274,9 +276,6 @@ class Runner:
         try:
             self._start()
             self._train(logger)
-            if self.last_saved_step != self.state["step"]:
-                self._save()  # before the final evaluation, so a failing evaluation loses nothing
-            self._final_eval(logger)
         except KeyboardInterrupt:
             self._on_interrupt()
             raise

@@ -100,3 +100,19 @@ def test_interpolated_proximal_logprobs_train(make_config):
     assert [r["train/actor/current_version"] for r in records] == [0.0, 1.0, 2.0]
     for r in records:
         assert np.isfinite(r["train/actor/policy_loss"]) and np.isfinite(r["train/actor/behav_approx_kl"])
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_pipeline_stages_sync_and_async(make_config, staleness):
+    """Two pipeline stages per env worker; synchronous PPO must not deadlock on the throttle."""
+    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+                      "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
+                      "env.pipeline_stage_num=2", f"algorithm.staleness_threshold={staleness}",
+                      "runner.max_steps=3", "runner.val_check_interval=0", "runner.save_interval=0")
+    assert Runner(cfg).run()["step"] == 3
+    records = train_records(read_records(cfg))
+    # the actor consumed one trajectory per stage per update, and never anything staler than allowed
+    assert all(r["train/actor/num_samples"] > 0 for r in records)
+    assert all(r["train/actor/staleness"] <= staleness for r in records)
+    if staleness == 0:
+        assert all(r["train/actor/average_version"] == r["train/actor/current_version"] for r in records)
