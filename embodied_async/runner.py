@@ -7,9 +7,12 @@ waits for each update before it collects the next batch, so nothing overlaps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,6 +28,25 @@ from embodied_async.workers.rollout_worker import RolloutWorker
 
 INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
 
+
+@contextlib.contextmanager
+def deferred_sigint():
+    """Hold back Ctrl-C inside the block; a Ctrl-C that came meanwhile is raised right after it.
+
+    (Masking the signal would not do: any of Ray's threads may receive it, and Python still raises
+    it in the main thread. A handler that only records it does.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
 
 @dataclass
 class Graph:
@@ -82,7 +104,9 @@ def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
     tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    wait_all(graph.actor.call("save_checkpoint", tmp), timeout=600)
+    version = wait_all(graph.actor.call("save_checkpoint", tmp), timeout=600)[0]
+    # the actor's version is the truth: an update the runner had not seen yet is in the checkpoint
+    state = dict(state, version=version, step=max(state["step"], version))
     rollout_states = wait_all(graph.rollout.call("get_state"), timeout=60)
     torch.save(rollout_states, os.path.join(tmp, "rollout.pt"))
     with open(os.path.join(tmp, "runner.json"), "w") as f:
@@ -186,7 +210,8 @@ class Runner:
         start_time, last_time = time.time(), time.time()
         wall_offset = self.state.get("wall_time_s", 0.0)
         while self.state["step"] < cfg.runner.max_steps:
-            self.in_flight = graph.actor.call("train_step")
+            with deferred_sigint():  # Ctrl-C must not fall between submitting and recording the call
+                self.in_flight = graph.actor.call("train_step")
             actor_metrics = wait_all(self.in_flight, watch=self.loops)[0]
             self.state["step"] += 1
             self.state["version"] = int(actor_metrics["train/actor/current_version"]) + 1

@@ -9,6 +9,9 @@ from omegaconf import OmegaConf
 from embodied_async.config import to_train_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# golden data made by reference implementations; read-only, beside the checkout (also in CI)
+FIXTURES = os.path.join(REPO_ROOT, "..", "shared", "fixtures")
+OPENVLA_FIXTURES = ["openvla_tiny_a", "openvla_tiny_b"]
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
 
 # A PushCube run small enough for a test: 2 updates of 4 envs x 8 steps.

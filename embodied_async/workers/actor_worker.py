@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import warnings
 from typing import Dict, List
@@ -20,6 +21,7 @@ from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import setup_worker_process
 
 POLL_SECONDS = 0.5
+SAVE_LOCK_TIMEOUT_S = 30.0
 # Our policies return values.squeeze(-1) (a view) and never modify it in place.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
@@ -28,6 +30,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def owned_copy(obj):
+    """Deep copy of a (nested) state dict whose tensors own compact storage.
+
+    FSDP may hand out tensors that alias its internal buffers (on one rank a full tensor can be
+    the local shard itself); saving or sending those while FSDP resizes a buffer would write a
+    truncated storage. Copies make checkpoints and published weights independent of that.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: owned_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(owned_copy(v) for v in obj)
+    return obj
 
 
 def concat_trajectories(trajectories: List[Trajectory]) -> Trajectory:
@@ -55,6 +73,7 @@ class ActorWorker:
         self.version = 0
         self.staleness_filter = StalenessFilter(cfg.algorithm.staleness_threshold)
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
+        self._update_lock = threading.Lock()
 
     # ---- set-up ------------------------------------------------------------------------------
     def master_address(self) -> tuple:
@@ -107,7 +126,8 @@ class ActorWorker:
     def _full_state_dict(self) -> Dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return owned_copy(get_model_state_dict(self.policy,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
     def publish_weights(self) -> int:
         """Collective: gather parameters; rank 0 sends the trainable ones with the version."""
@@ -165,6 +185,10 @@ class ActorWorker:
 
     def train_step(self) -> Dict[str, float]:
         """Collect one rollout batch, update, publish. Returns metrics averaged over ranks."""
+        with self._update_lock:  # a checkpoint never sees a half-done update
+            return self._train_step()
+
+    def _train_step(self) -> Dict[str, float]:
         try:
             shards = self._collect()
         except ChannelClosed:
@@ -203,14 +227,22 @@ class ActorWorker:
         """Collective; rank 0 writes ``actor.pt`` (full model + optimiser state, version)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+        if not self._update_lock.acquire(timeout=SAVE_LOCK_TIMEOUT_S):
+            raise RuntimeError("an update is still running on the actor; not saving a half-updated model")
+        try:
+            self._write_checkpoint(folder, StateDictOptions, get_optimizer_state_dict)
+        finally:
+            self._update_lock.release()
+        return self.version
+
+    def _write_checkpoint(self, folder: str, StateDictOptions, get_optimizer_state_dict) -> None:
         model_state = self._full_state_dict()
-        optim_state = get_optimizer_state_dict(self.policy, self.optimizer,
-                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        optim_state = owned_copy(get_optimizer_state_dict(
+            self.policy, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
         if self.rank == 0:
             os.makedirs(folder, exist_ok=True)
             torch.save({"model": model_state, "optimizer": optim_state, "version": self.version,
                         "generator": self.generator.get_state()}, os.path.join(folder, "actor.pt"))
-        return self.version
 
     def load_checkpoint(self, folder: str) -> int:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
