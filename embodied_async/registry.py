@@ -17,6 +17,7 @@ KNOWN_ENVS: Dict[str, str] = {
 KNOWN_MODELS: Dict[str, str] = {
     "mlp": "models.mlp",
     "cnn": "models.cnn",
+    "openvla": "models.openvla",
 }
 
 _ENV_BUILDERS: Dict[str, Callable] = {}

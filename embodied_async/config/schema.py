@@ -76,6 +76,13 @@ class ModelConfig:
     precision: str = "float32"  # "float32" | "bfloat16"
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # vision-language-action models (openvla): which norm_stats entry un-normalises actions,
+    # sampling over the action tokens, the value head, and what the trajectory stores per step
+    unnorm_key: Optional[str] = None
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
+    store_raw_images: bool = False  # uint8 images instead of float pixel values (smaller)
 
 
 @dataclass

@@ -1,0 +1,323 @@
+"""OpenVLA as an RL policy: action-token sampling, log-probs, a value head, LoRA.
+
+One decision = ``action_dim`` action tokens generated after the prompt ``[BOS, image patches,
+"In: What action should the robot take to ...?\\nOut:", 29871]``.  Every token is drawn from the
+model's logits *restricted to the 256 action-bin ids* (all other ids have probability 0), divided
+by ``temperature`` and optionally truncated to the ``top_k`` best bins.  The decision's log-prob
+(and entropy) is the sum over its tokens under exactly that distribution; ``evaluate`` recomputes
+it with one teacher-forced pass over prompt + stored tokens.  The value head reads the LLM's
+last-layer (post-norm) hidden state at the last prompt position, i.e. the one that predicts the
+first action token, so it sees image and instruction but no action.
+
+Prompts are left-padded, so in every row the prompt ends in the same column and the action
+tokens are the last ``action_dim`` positions of the teacher-forced sequence.
+
+Tokenisation: real checkpoints ship the Llama-2 tokenizer and are tokenised with it through
+:class:`~models.openvla.processing_openvla.OpenVLAProcessor`.  Folders without a tokenizer (the
+tiny test checkpoints) use :func:`hash_prompt_ids`, a deterministic stand-in; any
+``prompt_ids_fn(instruction) -> ids`` may be passed instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import os
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embodied_async.data import PolicyOutput
+from models.common import as_tensor, make_mlp
+
+from .action_tokenizer import ActionTokenizer, get_action_stats
+from .modeling_openvla import OpenVLAModel, load_openvla
+from .processing_openvla import OpenVLAImageProcessor, OpenVLAProcessor, build_prompt, left_pad_batch, prepare_prompt_ids
+
+BOS_TOKEN_ID = 1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def hash_prompt_ids(instruction: str) -> List[int]:
+    """Tokenizer stand-in: BOS, then one stable hashed id in [3, 31000) per word / punctuation
+    mark / newline of the OpenVLA prompt text (which ends with ``?\\nOut:``)."""
+    pieces = re.findall(r"\w+|[^\w\s]|\n", build_prompt(instruction))
+    ids = [3 + int.from_bytes(hashlib.blake2b(p.encode(), digest_size=8).digest(), "little") % (31000 - 3)
+           for p in pieces]
+    return [BOS_TOKEN_ID] + ids
+
+
+class OpenVLAPolicy(nn.Module):
+    """``OpenVLAModel`` (``vla``) + value MLP (``value_head``) behind the Policy protocol.
+
+    Args:
+        vla: a loaded :class:`OpenVLAModel` (its ``config.norm_stats`` must hold ``unnorm_key``).
+        unnorm_key: dataset statistics used to un-normalise actions (None: the only one).
+        temperature, top_k: the sampling distribution (also the one log-probs are computed under).
+        lora_rank: > 0 injects LoRA adapters (peft) into the language model and freezes every
+            other parameter except the value head; ``lora_alpha``, ``lora_dropout`` and
+            ``lora_target_modules`` (list of names or "all-linear") configure them.
+        gradient_checkpointing: recompute the LLM's decoder layers in the backward pass.
+        image_processor: defaults to the processor matching the model's image size.
+        prompt_ids_fn: instruction -> token ids (with BOS); defaults to ``tokenizer`` when given,
+            else :func:`hash_prompt_ids`.
+        store_raw_images: put the uint8 images (``images``) in ``forward_inputs`` instead of the
+            float32 ``pixel_values`` (~25x smaller; ``evaluate`` re-runs the deterministic,
+            bit-exact preprocessing).  Default False: store ``pixel_values``.
+    """
+
+    value_parameter_prefixes = ("value_head.",)
+
+    def __init__(self, vla: OpenVLAModel, unnorm_key: Optional[str] = None, temperature: float = 1.0,
+                 top_k: Optional[int] = None, lora_rank: int = 0, lora_alpha: float = 32,
+                 lora_dropout: float = 0.0, lora_target_modules: Union[str, Sequence[str]] = "all-linear",
+                 gradient_checkpointing: bool = False, value_head_hidden_sizes: Sequence[int] = (1024, 512),
+                 image_processor: Optional[OpenVLAImageProcessor] = None, tokenizer=None,
+                 prompt_ids_fn: Optional[Callable[[str], List[int]]] = None, store_raw_images: bool = False):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use mode='eval' for greedy), got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+        config = vla.config
+        self.vla = vla
+        self.action_stats = get_action_stats(config.norm_stats or {}, unnorm_key)
+        self.action_dim = len(self.action_stats["q01"])
+        self.action_tokenizer = ActionTokenizer.from_config(config)
+        self.token_low, self.token_high = self.action_tokenizer.action_token_range()
+        self.temperature, self.top_k = float(temperature), top_k
+        self.pad_token_id = int(config.pad_token_id)
+        self.store_raw_images = store_raw_images
+        if image_processor is None:
+            size = int(config.image_sizes[0])
+            image_processor = OpenVLAImageProcessor(config.image_resize_strategy, [(3, size, size)] * 2)
+        self.image_processor = image_processor
+        if prompt_ids_fn is None and tokenizer is not None:
+            processor = OpenVLAProcessor(image_processor, tokenizer, self.pad_token_id)
+            prompt_ids_fn = lambda text: processor.tokenize(build_prompt(text))  # noqa: E731
+        self.prompt_ids_fn = prompt_ids_fn or hash_prompt_ids
+        hidden = int(config.text_config.hidden_size)
+        dtype = vla.projector.fc1.weight.dtype
+        self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
+        self.lora_enabled = lora_rank > 0
+        if self.lora_enabled:
+            self._add_lora(lora_rank, lora_alpha, lora_dropout, lora_target_modules)
+        if gradient_checkpointing:
+            self._enable_checkpointing(vla.language_model)
+        params = inspect.signature(vla.language_model.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32, **kwargs) -> "OpenVLAPolicy":
+        """Load ``folder`` (official format) with its preprocessor config and tokenizer if present."""
+        vla = load_openvla(folder, dtype=dtype)
+        if os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+            processor = OpenVLAProcessor.from_pretrained(folder, load_tokenizer=kwargs.get("prompt_ids_fn") is None)
+            kwargs.setdefault("image_processor", processor.image_processor)
+            kwargs.setdefault("tokenizer", processor.tokenizer)
+        return cls(vla, **kwargs)
+
+    def _add_lora(self, rank: int, alpha: float, dropout: float, targets: Union[str, Sequence[str]]) -> None:
+        from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
+
+        if not isinstance(targets, str):
+            targets = list(targets)
+            targets = "all-linear" if targets == ["all-linear"] else targets
+        # In place (no PeftModel wrapper): module paths and forward signatures stay the same.
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets),
+                                self.vla.language_model)
+        for name, param in self.vla.named_parameters():
+            param.requires_grad_("lora_" in name)
+
+    @staticmethod
+    def _enable_checkpointing(lm: nn.Module) -> None:
+        # Non-reentrant: works with frozen embeddings (LoRA) without forcing input grads.
+        kwargs = {"use_reentrant": False}
+        if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    # ------------------------------------------------------------------------------ inputs
+    @property
+    def device(self) -> torch.device:
+        return self.vla.projector.fc1.weight.device
+
+    def prompt_batch(self, task_descriptions: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Instructions -> left-padded ``(input_ids, attention_mask)`` [B, L] on the policy device."""
+        prompts = [prepare_prompt_ids(self.prompt_ids_fn(text)) for text in task_descriptions]
+        ids, mask = left_pad_batch(prompts, self.pad_token_id)
+        return ids.to(self.device), mask.to(self.device)
+
+    def pixel_values(self, images) -> torch.Tensor:
+        """uint8 images [B, H, W, 3] -> float32 pixel values [B, 6, S, S] on the policy device."""
+        if isinstance(images, torch.Tensor):
+            images = images.detach().cpu().numpy()
+        return self.image_processor(np.asarray(images)).to(self.device)
+
+    def _inputs(self, obs) -> Dict[str, torch.Tensor]:
+        images = obs["main_images"]
+        ids, mask = self.prompt_batch(list(obs["task_descriptions"]))
+        inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": self.pixel_values(images)}
+        if self.store_raw_images:
+            inputs["images"] = as_tensor(images, dtype=torch.uint8, device=self.device)
+        return inputs
+
+    # ------------------------------------------------------------------------------ model pieces
+    def _llm(self, embeds: torch.Tensor, mask: torch.Tensor, cache=None, use_cache: bool = False):
+        """Llama decoder (no lm_head) -> (post-norm last hidden states [B, n, H], cache)."""
+        # Positions count real tokens only, as in OpenVLAModel.forward (left padding is invisible).
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -embeds.shape[1]:]
+        out = self.vla.language_model.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                                            use_cache=use_cache, **{self._cache_kwarg: cache})
+        return out.last_hidden_state, getattr(out, self._cache_kwarg, None)
+
+    def _prefill(self, input_ids, attention_mask, pixel_values, use_cache: bool = False):
+        if not bool(attention_mask[:, -1].all()):
+            raise ValueError("prompts must be left-padded (attention_mask[:, -1] all ones)")
+        embeds, mask = self.vla.get_multimodal_embeddings(input_ids, pixel_values, attention_mask)
+        hidden, cache = self._llm(embeds, mask, use_cache=use_cache)
+        return hidden, mask, cache
+
+    def _action_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states [..., H] -> log-probs [..., n_bins] over the action ids (float32),
+        restricted to the action range, tempered and top-k truncated (outside ids: prob 0)."""
+        logits = self.vla.language_model.lm_head(hidden)[..., self.token_low:self.token_high + 1].float()
+        logits = logits / self.temperature
+        if self.top_k is not None and self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
+
+    @staticmethod
+    def _entropy(logp: torch.Tensor) -> torch.Tensor:
+        p = logp.exp()
+        return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
+
+    def _value(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.value_head[0].weight
+        return self.value_head(last_hidden.to(weight.dtype)).squeeze(-1).float()
+
+    @contextlib.contextmanager
+    def _inference(self):
+        """No grad, no dropout, KV cache usable (HF skips the cache in checkpointed training mode)."""
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.train(was_training)
+
+    # ------------------------------------------------------------------------------ protocol
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor,
+                 mode: str = "train") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """KV-cached decoding of ``action_dim`` tokens -> (tokens [B, A], logprobs, entropy, values [B])."""
+        if mode not in ("train", "eval"):
+            raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+        with self._inference():
+            hidden, mask, cache = self._prefill(input_ids, attention_mask, pixel_values, use_cache=True)
+            last = hidden[:, -1]
+            values = self._value(last)
+            tokens, logprob, entropy = [], 0.0, 0.0
+            for step in range(self.action_dim):
+                logp = self._action_log_probs(last)
+                index = logp.argmax(-1) if mode == "eval" else torch.multinomial(logp.exp(), 1).squeeze(-1)
+                logprob = logprob + logp.gather(-1, index[:, None]).squeeze(-1)
+                entropy = entropy + self._entropy(logp)
+                token = index + self.token_low
+                tokens.append(token)
+                if step + 1 == self.action_dim:
+                    break
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                embeds = self.vla.language_model.get_input_embeddings()(token[:, None])
+                hidden, cache = self._llm(embeds, mask, cache=cache, use_cache=True)
+                last = hidden[:, -1]
+        return torch.stack(tokens, dim=1), logprob, entropy, values
+
+    def tokens_to_actions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Action tokens [B, A] -> un-normalised float32 actions [B, 1, A] (on the tokens' device)."""
+        actions = self.action_tokenizer.decode_actions(tokens.cpu().numpy(), self.action_stats)
+        return torch.as_tensor(actions, dtype=torch.float32, device=tokens.device)[:, None]
+
+    def predict_from_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                            pixel_values: torch.Tensor, mode: str = "train",
+                            extra_inputs: Optional[Dict[str, torch.Tensor]] = None) -> PolicyOutput:
+        """:meth:`predict` on ready-made left-padded prompt ids and pixel values."""
+        tokens, logprobs, _, values = self.generate(input_ids, attention_mask, pixel_values, mode)
+        forward_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "action_tokens": tokens}
+        if extra_inputs and "images" in extra_inputs:
+            forward_inputs["images"] = extra_inputs["images"]
+        else:
+            forward_inputs["pixel_values"] = pixel_values.float()
+        return PolicyOutput(actions=self.tokens_to_actions(tokens), logprobs=logprobs, values=values,
+                            forward_inputs=forward_inputs)
+
+    def predict(self, obs, mode: str = "train") -> PolicyOutput:
+        """Observations -> sampled ("train") or greedy ("eval") actions [B, 1, A] + log-probs + values."""
+        inputs = self._inputs(obs)
+        return self.predict_from_inputs(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"],
+                                        mode, extra_inputs=inputs)
+
+    def value(self, obs) -> torch.Tensor:
+        """Values [B] of observations (prompt-only pass, no generation)."""
+        inputs = self._inputs(obs)
+        with self._inference():
+            hidden, _, _ = self._prefill(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"])
+            return self._value(hidden[:, -1])
+
+    def evaluate(self, forward_inputs: Dict[str, torch.Tensor], actions=None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One teacher-forced pass over prompt + stored action tokens -> (logprobs, entropy, values) [B].
+
+        ``actions`` is unused: the stored ``action_tokens`` define the decision exactly (the
+        continuous actions are bin centres and would not identify out-of-range samples).
+        """
+        ids, mask, tokens = forward_inputs["input_ids"], forward_inputs["attention_mask"], forward_inputs["action_tokens"]
+        pixels = forward_inputs.get("pixel_values")
+        if pixels is None:
+            pixels = self.pixel_values(forward_inputs["images"])
+        full_ids = torch.cat([ids, tokens.to(ids.dtype)], dim=1)
+        full_mask = torch.cat([mask, mask.new_ones(tokens.shape)], dim=1)
+        embeds, mm_mask = self.vla.get_multimodal_embeddings(full_ids, pixels, full_mask)
+        hidden, _ = self._llm(embeds, mm_mask)
+        n = tokens.shape[1]
+        logp = self._action_log_probs(hidden[:, -n - 1:-1])  # position t predicts token t + 1
+        index = (tokens.long() - self.token_low).clamp(0, logp.shape[-1] - 1)
+        logprobs = logp.gather(-1, index[..., None]).squeeze(-1).sum(-1)
+        return logprobs, self._entropy(logp).sum(-1), self._value(hidden[:, -n - 1])
+
+
+def build_openvla_policy(model_cfg, env_spec: Optional[dict] = None) -> OpenVLAPolicy:
+    """Policy builder ``(model_cfg, env_spec) -> OpenVLAPolicy`` from the schema's ``ModelConfig``."""
+    if not model_cfg.path:
+        raise ValueError("model.path: an OpenVLA checkpoint folder is required for model 'openvla'")
+    if model_cfg.precision not in DTYPES:
+        raise ValueError(f"model.precision={model_cfg.precision!r}; use one of {sorted(DTYPES)}")
+    lora = model_cfg.lora
+    policy = OpenVLAPolicy.from_pretrained(
+        model_cfg.path, dtype=DTYPES[model_cfg.precision],
+        unnorm_key=model_cfg.unnorm_key,
+        temperature=float(model_cfg.temperature),
+        top_k=model_cfg.top_k,
+        lora_rank=int(lora.rank) if lora.enabled else 0,
+        lora_alpha=float(lora.alpha),
+        lora_dropout=float(lora.dropout),
+        lora_target_modules=list(lora.target_modules),
+        gradient_checkpointing=bool(model_cfg.gradient_checkpointing),
+        value_head_hidden_sizes=tuple(model_cfg.value_head_hidden_sizes),
+        store_raw_images=bool(model_cfg.store_raw_images),
+    )
+    if env_spec:
+        chunks, dim = int(env_spec.get("num_action_chunks", 1)), int(env_spec.get("action_dim", policy.action_dim))
+        if chunks != 1:
+            raise ValueError(f"env.num_action_chunks={chunks}: OpenVLA emits one action per decision; set it to 1")
+        if dim != policy.action_dim:
+            raise ValueError(f"env action_dim {dim} != OpenVLA action dim {policy.action_dim} "
+                             f"(len of norm_stats[unnorm_key].action.q01)")
+    return policy
