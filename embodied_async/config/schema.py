@@ -83,6 +83,9 @@ class ModelConfig:
     top_k: Optional[int] = None
     value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
     store_raw_images: bool = False  # uint8 images instead of float pixel values (smaller)
+    # build a tiny random-init checkpoint at model.path when that folder does not exist yet
+    # (CPU smoke runs and tests: it is saved in the official format and loaded back by path)
+    tiny_random_init: bool = False
 
 
 @dataclass

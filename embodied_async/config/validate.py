@@ -119,7 +119,8 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
     if cfg.model.name in ("mlp", "cnn"):
         unused = [key for key, value in (("model.lora.enabled", cfg.model.lora.enabled),
                                          ("model.gradient_checkpointing", cfg.model.gradient_checkpointing),
-                                         ("model.path", cfg.model.path)) if value]
+                                         ("model.path", cfg.model.path),
+                                         ("model.tiny_random_init", cfg.model.tiny_random_init)) if value]
         _require(not unused, f"{', '.join(unused)} apply to pretrained models; model.name={cfg.model.name} "
                              "does not use them: remove the override")
 

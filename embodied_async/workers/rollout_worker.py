@@ -89,10 +89,12 @@ class RolloutWorker:
     def _load(self, message: WeightMessage) -> None:
         with self._policy_lock:
             result = self.policy.load_state_dict(message.state_dict, strict=False)
-        # only buffers (observation statistics) may be missing: a renamed parameter would
-        # otherwise be skipped silently while the version still advances
-        buffers = {name for name, _ in self.policy.named_buffers()}
-        missing = [k for k in result.missing_keys if k not in buffers]
+        # only what the actor does not train may be missing (buffers such as observation
+        # statistics, frozen weights under LoRA): a renamed parameter would otherwise be skipped
+        # silently while the version still advances
+        untrained = {name for name, _ in self.policy.named_buffers()}
+        untrained |= {name for name, p in self.policy.named_parameters() if not p.requires_grad}
+        missing = [k for k in result.missing_keys if k not in untrained]
         if result.unexpected_keys or missing:
             raise RuntimeError(f"published weights do not match the rollout policy: unexpected "
                                f"{result.unexpected_keys[:5]}, missing {missing[:5]}")
@@ -129,9 +131,10 @@ class RolloutWorker:
 
     def _close_pending(self, buf: _StageBuffer, out: EnvOutput) -> None:
         step = buf.pending
-        step.rewards = torch.as_tensor(out.rewards, dtype=torch.float32) * self.cfg.algorithm.reward_scale
-        step.dones = torch.as_tensor(out.dones, dtype=torch.bool)
-        step.loss_mask = torch.as_tensor(out.valid, dtype=torch.bool)
+        # torch.tensor copies: arrays that arrive through Ray are read-only views
+        step.rewards = torch.tensor(out.rewards, dtype=torch.float32) * self.cfg.algorithm.reward_scale
+        step.dones = torch.tensor(out.dones, dtype=torch.bool)
+        step.loss_mask = torch.tensor(out.valid, dtype=torch.bool)
         step.bootstrap_values = torch.zeros_like(step.rewards)
         rows = np.flatnonzero(out.dones & out.bootstrap & out.valid)
         if len(rows):
