@@ -17,6 +17,10 @@ from embodied_async.config.schema import TrainConfig
 from embodied_async.registry import KNOWN_ENVS, KNOWN_MODELS
 
 
+# the recipe to point to when a GPU recipe meets a machine without GPUs
+CPU_RECIPES = {"openvla": "maniskill_async_ppo_openvla_tiny"}
+
+
 class ConfigError(ValueError):
     """A configuration problem found at start-up; the message names the key and the fix."""
 
@@ -172,9 +176,11 @@ def resolve_placement(cfg: TrainConfig, num_gpus: Optional[int] = None):
     if kind == "auto":
         kind = "gpu" if num_gpus > 0 else "cpu"
     if kind == "gpu" and num_gpus == 0 and cfg.cluster.num_nodes == 1 and not os.environ.get("RAY_ADDRESS"):
+        cpu_recipe = CPU_RECIPES.get(cfg.model.name, "maniskill_async_ppo_mlp")
         raise PlacementError(
-            "cluster.device_type=gpu asks for GPUs, but this machine has none. Use a CPU recipe "
-            "(e.g. maniskill_async_ppo_mlp) or cluster.device_type=auto."
+            f"cluster.device_type=gpu asks for GPUs, but this machine has none (the placement names "
+            f"{dict(cfg.cluster.component_placement)}). Use a CPU recipe such as "
+            f"'bash scripts/run_async.sh {cpu_recipe}', or cluster.device_type=auto."
         )
     components = parse_placement(
         dict(cfg.cluster.component_placement),

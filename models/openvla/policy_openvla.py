@@ -307,6 +307,25 @@ def ensure_tiny_checkpoint(path: str, action_dim: int, unnorm_key: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def resolve_checkpoint(path: str) -> str:
+    """A local folder as it is; otherwise a Hugging Face repo id, downloaded into the normal cache
+    (with a progress bar) or found there when offline."""
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path) or path.count("/") != 1:
+        raise FileNotFoundError(f"model.path={path!r} is neither a checkpoint folder nor a Hugging Face repo id "
+                                "('owner/name')")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id=path)
+    except Exception as err:  # offline, unknown repo, gated repo, missing files
+        raise FileNotFoundError(
+            f"could not get the OpenVLA checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}: "
+            f"{err}). On a machine with access run: huggingface-cli download {path} ; then set "
+            "model.path to the downloaded folder (or keep the repo id: the cache is used)") from err
+
+
 def build_openvla_policy(model_cfg, env_spec: Optional[dict] = None) -> OpenVLAPolicy:
     """Policy builder ``(model_cfg, env_spec) -> OpenVLAPolicy`` from the schema's ``ModelConfig``."""
     if not model_cfg.path:
@@ -318,7 +337,7 @@ def build_openvla_policy(model_cfg, env_spec: Optional[dict] = None) -> OpenVLAP
                                model_cfg.unnorm_key or "tiny")
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
-        model_cfg.path, dtype=DTYPES[model_cfg.precision],
+        resolve_checkpoint(model_cfg.path), dtype=DTYPES[model_cfg.precision],
         unnorm_key=model_cfg.unnorm_key,
         temperature=float(model_cfg.temperature),
         top_k=model_cfg.top_k,

@@ -74,3 +74,32 @@ def test_cli_rejects_gpu_placement_without_gpus(tmp_path):
     proc, _ = _run_entry("cluster.device_type=gpu", f"runner.logger.log_path={tmp_path}/logs")
     assert proc.returncode == 2
     assert "asks for GPUs, but this machine has none" in proc.stderr
+
+
+def _compose(recipe, *overrides):
+    from hydra import compose, initialize_config_dir
+
+    from embodied_async.config.hydra_schema import register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        return compose(config_name=recipe, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("recipe", ["maniskill_async_ppo_mlp", "maniskill_ppo_mlp", "maniskill_async_ppo_cnn",
+                                    "maniskill_async_ppo_openvla_tiny"])
+def test_cpu_recipes_are_valid_here(recipe, tmp_path):
+    cfg = to_train_config(_compose(recipe, f"runner.logger.log_path={tmp_path}"))
+    assert cfg.runner.max_steps > 0
+
+
+def test_openvla_recipe_needs_its_gpus_and_points_to_the_tiny_one(tmp_path):
+    raw = _compose("maniskill_async_ppo_openvla", f"runner.logger.log_path={tmp_path}")
+    with pytest.raises(ConfigError, match="maniskill_async_ppo_openvla_tiny"):
+        to_train_config(raw)
+    cfg = to_train_config(_compose("maniskill_async_ppo_openvla", "cluster.device_type=cpu",
+                                   f"runner.logger.log_path={tmp_path}"))
+    cfg.cluster.device_type = "gpu"
+    check(cfg, num_gpus=4)  # batch sizes and placement fit 4 GPUs
+    with pytest.raises(ConfigError, match="on GPU 2, but this machine has 2 GPUs"):
+        check(cfg, num_gpus=2)
