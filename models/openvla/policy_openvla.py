@@ -294,13 +294,13 @@ class OpenVLAPolicy(nn.Module):
         return logprobs, self._entropy(logp).sum(-1), self._value(hidden[:, -n - 1])
 
 
-def ensure_tiny_checkpoint(path: str, action_dim: int, unnorm_key: str) -> None:
+def ensure_tiny_checkpoint(path: str, action_dim: int) -> None:
     """Make the tiny checkpoint once, even when several workers ask at the same time: each writes
     a private folder (same seed, same bytes) and renames it into place; the first rename wins."""
     from .tiny import make_tiny_openvla
 
     tmp = f"{path}.tmp-{os.getpid()}"
-    make_tiny_openvla(tmp, action_dim=action_dim, unnorm_key=unnorm_key)
+    make_tiny_openvla(tmp, action_dim=action_dim, unnorm_key="tiny")  # its norm_stats key
     try:
         os.rename(tmp, path)
     except OSError:  # another worker was first
@@ -333,8 +333,7 @@ def build_openvla_policy(model_cfg, env_spec: Optional[dict] = None) -> OpenVLAP
     if model_cfg.precision not in DTYPES:
         raise ValueError(f"model.precision={model_cfg.precision!r}; use one of {sorted(DTYPES)}")
     if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
-        ensure_tiny_checkpoint(model_cfg.path, int((env_spec or {}).get("action_dim", 7)),
-                               model_cfg.unnorm_key or "tiny")
+        ensure_tiny_checkpoint(model_cfg.path, int((env_spec or {}).get("action_dim", 7)))
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
         resolve_checkpoint(model_cfg.path), dtype=DTYPES[model_cfg.precision],

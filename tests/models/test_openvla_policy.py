@@ -209,3 +209,13 @@ def test_greedy_tokens_match_reference(name):
     # teacher-forced pass then differ at float32 rounding level, ~1e-6 relative (README: eager vs
     # sdpa in the reference itself differ by 2e-5).
     torch.testing.assert_close(logprobs, out.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_unreachable_hub_checkpoint_names_the_repo_and_the_fix(monkeypatch):
+    from models.openvla.policy_openvla import resolve_checkpoint
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="huggingface-cli download someone/no-such-openvla"):
+        resolve_checkpoint("someone/no-such-openvla")
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint folder nor a Hugging Face repo id"):
+        resolve_checkpoint("/no/such/folder")
