@@ -104,10 +104,10 @@ class ActorWorker:
         self.policy = policy
         value_prefixes = getattr(policy, "value_parameter_prefixes", ())
         groups: Dict[str, list] = {"policy": [], "value": []}
-        self.trainable_names = []
+        self.trainable_names = set()
         for name, param in policy.named_parameters():
             if param.requires_grad:
-                self.trainable_names.append(name)
+                self.trainable_names.add(name)
                 groups["value" if name.startswith(tuple(value_prefixes)) else "policy"].append(param)
         actor = self.cfg.actor
         self.optimizer = torch.optim.Adam(
@@ -133,7 +133,7 @@ class ActorWorker:
         """Collective: gather parameters; rank 0 sends the trainable ones with the version."""
         state = self._full_state_dict()
         if self.rank == 0:
-            trainable = {k: v for k, v in state.items() if k in set(self.trainable_names)}
+            trainable = {k: v for k, v in state.items() if k in self.trainable_names}
             for rollout_rank in range(self.num_rollout_ranks):
                 self.weight_channel.put(WeightMessage(self.version, trainable), key=rollout_rank)
         return self.version
@@ -169,7 +169,7 @@ class ActorWorker:
                          flat(traj.versions), flat(traj.loss_mask))
         return batch, explained_variance(flat(traj.values), flat(returns), flat(traj.loss_mask))
 
-    def _settings(self, batch_size: int) -> UpdateSettings:
+    def _settings(self) -> UpdateSettings:
         alg, actor = self.cfg.algorithm, self.cfg.actor
         per_rank = actor.global_batch_size // self.world_size
         return UpdateSettings(
@@ -197,7 +197,7 @@ class ActorWorker:
         traj = concat_trajectories(shards)
         batch, explained = self._build_batch(traj)
         self.policy.train()
-        metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(len(batch)), self._all_reduce_sum,
+        metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
                              self.generator, self.device)
         versions = traj.versions.float()
         out = {f"train/actor/{k}": v for k, v in metrics.items() if k not in ("value_loss", "value_clip_fraction")}
