@@ -6,6 +6,7 @@ policy side. Leading dimensions: ``B`` sub-environments, ``T`` decisions, ``C`` 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -42,6 +43,25 @@ def concat_observations(parts: List[Observation]) -> Observation:
         else:
             out[key] = np.concatenate(values, axis=0)
     return out
+
+
+def bootstrap_flags(terminated, truncated, terminal_on_success: bool, failed=None) -> np.ndarray:
+    """Which finished sub-envs bootstrap their value from the final observation (every env family
+    uses this one rule):
+
+    - a failure (``info["fail"]``, where the task has one) is always terminal: no bootstrap;
+    - a time limit (truncation) always bootstraps;
+    - any other termination (success) bootstraps unless ``terminal_on_success``. ManiSkill ends
+      dense tasks at success while the reward would keep paying: treating that end as terminal
+      teaches the policy to hover short of the goal.
+
+    A termination at the time limit is still a termination (gymnasium's convention).
+    """
+    terminated = np.asarray(terminated, dtype=bool)
+    truncated = np.asarray(truncated, dtype=bool)
+    failed = np.zeros_like(terminated) if failed is None else np.asarray(failed, dtype=bool)
+    bootstrap = truncated & ~terminated if terminal_on_success else terminated | truncated
+    return bootstrap & ~failed
 
 
 @dataclass
@@ -99,7 +119,9 @@ class Trajectory:
     ``rewards[t]``/``dones[t]`` are the outcome of the action taken at ``t``. ``bootstrap_values[t]``
     is ``V(final_obs)`` where the episode ended at ``t`` and bootstraps (0 elsewhere);
     ``next_values`` is the value of the observation after the last step. ``versions[t]`` is the
-    policy version that sampled the action at ``t``.
+    policy version that sampled the action at ``t``. ``obs_moments`` holds, per observation
+    normaliser of the policy, the moments of the raw features seen while collecting (the actor
+    merges them into the run's one normaliser).
     """
 
     forward_inputs: Dict[str, Any]  # each [T, B, ...]
@@ -112,6 +134,7 @@ class Trajectory:
     loss_mask: Any  # [T, B] bool
     versions: Any  # [T, B] int64
     next_values: Any  # [B]
+    obs_moments: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_steps(self) -> int:
@@ -121,6 +144,22 @@ class Trajectory:
     def num_envs(self) -> int:
         return int(self.rewards.shape[1])
 
+    @classmethod
+    def concat(cls, parts: List["Trajectory"]) -> "Trajectory":
+        """Concatenate shards or streams along the env dimension (moments are not carried over:
+        the actor merges each part's moments on its own)."""
+        values: Dict[str, Any] = {}
+        import torch
+
+        for f in dataclasses.fields(cls):
+            if f.name == "forward_inputs":
+                values[f.name] = {k: torch.cat([p.forward_inputs[k] for p in parts], dim=1)
+                                  for k in parts[0].forward_inputs}
+            elif f.name != "obs_moments":
+                dim = 0 if f.name == "next_values" else 1
+                values[f.name] = torch.cat([getattr(p, f.name) for p in parts], dim=dim)
+        return cls(**values)
+
     def split(self, num_shards: int) -> List["Trajectory"]:
         """Split along the env dimension into ``num_shards`` equal parts (one per actor rank)."""
         if self.num_envs % num_shards:
@@ -129,26 +168,20 @@ class Trajectory:
         shards = []
         for i in range(num_shards):
             sl = slice(i * size, (i + 1) * size)
-            shards.append(
-                Trajectory(
-                    forward_inputs={k: v[:, sl] for k, v in self.forward_inputs.items()},
-                    actions=self.actions[:, sl],
-                    logprobs=self.logprobs[:, sl],
-                    values=self.values[:, sl],
-                    rewards=self.rewards[:, sl],
-                    dones=self.dones[:, sl],
-                    bootstrap_values=self.bootstrap_values[:, sl],
-                    loss_mask=self.loss_mask[:, sl],
-                    versions=self.versions[:, sl],
-                    next_values=self.next_values[sl],
-                )
-            )
+            per_env = {f.name: getattr(self, f.name)[:, sl] for f in dataclasses.fields(self)
+                       if f.name not in ("forward_inputs", "next_values", "obs_moments")}
+            shards.append(dataclasses.replace(
+                self, forward_inputs={k: v[:, sl] for k, v in self.forward_inputs.items()},
+                next_values=self.next_values[sl], **per_env))
         return shards
 
 
 @dataclass
 class WeightMessage:
-    """Actor -> rollout: new weights (parameters only) and the version they carry."""
+    """Actor -> rollout: new weights (trainable parameters and the observation statistics), the
+    version they carry, and per pipeline stage of the receiving rollout rank how many of its
+    trajectories the actor has consumed or dropped so far (the rollout's throttle)."""
 
     version: int
     state_dict: Dict[str, Any]
+    acknowledged: Dict[int, int] = field(default_factory=dict)

@@ -8,7 +8,7 @@ imports (simulators, transformers) happen inside the worker that needs them.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 # Names a config may use, and the module whose import registers each one.
 KNOWN_ENVS: Dict[str, str] = {
@@ -65,3 +65,28 @@ def env_builder(name: str) -> Callable:
 
 def model_builder(name: str) -> Callable:
     return _lookup("model", name, KNOWN_MODELS, _MODEL_BUILDERS)
+
+
+# Start-up config checks a family may register: ``check(section_cfg) -> None`` raising ValueError
+# (the message says what is wrong and how to fix it). ``validate.check`` calls them before any
+# worker starts, so a family can reject what only it knows (e.g. a simulator's task ids).
+_ENV_CHECKS: Dict[str, Callable] = {}
+
+
+def register_env_check(name: str) -> Callable:
+    """Decorator: register ``check(env_cfg) -> None`` (raises ValueError) for env family ``name``."""
+
+    def decorator(check: Callable) -> Callable:
+        _ENV_CHECKS[name] = check
+        return check
+
+    return decorator
+
+
+def env_config_check(name: str) -> Optional[Callable]:
+    """The config check env family ``name`` registered, or None; imports the family lazily."""
+    if name not in _ENV_CHECKS:
+        if name not in KNOWN_ENVS:
+            raise KeyError(f"unknown env '{name}'; registered envs: {', '.join(sorted(KNOWN_ENVS))}")
+        importlib.import_module(KNOWN_ENVS[name])
+    return _ENV_CHECKS.get(name)

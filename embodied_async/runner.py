@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from embodied_async.algorithms.rollout_store import rollout_capacity
+from embodied_async.checkpoint_io import CheckpointError, assert_no_pickle, verify_checkpoint, write_manifest
 from embodied_async.config import TrainConfig, resolve_placement
 from embodied_async.metrics import MetricLogger, pool_env_metrics, print_progress, progress_line
 from embodied_async.scheduler.channel import create_channel
@@ -60,7 +62,7 @@ class Graph:
         return [self.env, self.rollout, self.actor]
 
 
-def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
+def build_graph(cfg: TrainConfig) -> Graph:
     """Create channels and the three worker groups from the placement; start nothing yet."""
     placement = resolve_placement(cfg)
     backend, kind = cfg.cluster.backend, placement.device_kind
@@ -72,8 +74,11 @@ def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
     run_id = uuid.uuid4().hex[:8]  # channel actors are named: keep runs in one Ray session apart
     env_ch = create_channel(backend, f"env_outputs-{run_id}", maxsize=2)
     action_ch = create_channel(backend, f"actions-{run_id}", maxsize=2)
-    # keyed by (rollout rank, stage, actor rank): one queue per stream and shard
-    actor_ch = create_channel(backend, f"trajectories-{run_id}", maxsize=cfg.algorithm.staleness_threshold + 1)
+    # keyed by (rollout rank, stage, actor rank): one queue per stream and shard, as deep as the
+    # rollout may run ahead (the throttle keeps it there; a full queue is backpressure on top)
+    alg = cfg.algorithm
+    actor_ch = create_channel(backend, f"trajectories-{run_id}",
+                              maxsize=rollout_capacity(alg.rollout_store_size_per_rank, alg.staleness_threshold))
     weight_ch = create_channel(backend, f"weights-{run_id}", maxsize=0)
 
     env = WorkerGroup("env", EnvWorker, env_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
@@ -83,7 +88,7 @@ def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
     rollout = WorkerGroup("rollout", RolloutWorker, rollout_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
         cfg=cfg, rank=r, env_spec=env_spec, env_ranks=list(range(r * per_rollout, (r + 1) * per_rollout)),
         env_channel=env_ch, action_channel=action_ch, actor_channel=actor_ch, weight_channel=weight_ch,
-        actor_world_size=len(actor_ids), start_version=start_version))
+        actor_world_size=len(actor_ids)))
     actor = WorkerGroup("actor", ActorWorker, actor_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
         cfg=cfg, rank=r, world_size=len(actor_ids), env_spec=env_spec, actor_channel=actor_ch,
         weight_channel=weight_ch, num_rollout_ranks=len(rollout_ids)))
@@ -95,11 +100,10 @@ def build_graph(cfg: TrainConfig, start_version: int = 0) -> Graph:
 def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
     """Write ``root/global_step_<step>``; a crash at any point leaves every earlier checkpoint whole.
 
-    Everything goes to a temporary folder first; an existing folder of the same step is moved
-    aside before the rename and deleted only after it.
+    Everything goes to a temporary folder first, sealed by a manifest of sizes and sha256 digests;
+    an existing folder of the same step is moved aside before the rename and deleted only after it.
+    Only safetensors and JSON are written: loading a checkpoint never unpickles.
     """
-    import torch
-
     final = os.path.join(root, f"global_step_{step}")
     tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -107,10 +111,9 @@ def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
     version = wait_all(graph.actor.call("save_checkpoint", tmp), timeout=600)[0]
     # the actor's version is the truth: an update the runner had not seen yet is in the checkpoint
     state = dict(state, version=version, step=max(state["step"], version))
-    rollout_states = wait_all(graph.rollout.call("get_state"), timeout=60)
-    torch.save(rollout_states, os.path.join(tmp, "rollout.pt"))
     with open(os.path.join(tmp, "runner.json"), "w") as f:
         json.dump(state, f)
+    write_manifest(tmp)
     if os.path.exists(final):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
@@ -123,14 +126,15 @@ def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
 
 
 def read_resume_state(resume_dir: Optional[str]) -> Dict:
+    """The runner's counters from a checkpoint, after checking every file of it is whole."""
     if not resume_dir:
         return {"step": 0, "env_steps": 0, "version": 0}
-    for name in ("runner.json", "actor.pt", "rollout.pt"):
-        if not os.path.exists(os.path.join(resume_dir, name)):
-            raise FileNotFoundError(f"runner.resume_dir={resume_dir!r} holds no {name}: point it at a complete "
-                                    "checkpoint folder such as logs/<run>/checkpoints/global_step_50")
-    path = os.path.join(resume_dir, "runner.json")
-    with open(path) as f:
+    try:
+        assert_no_pickle(resume_dir)
+        verify_checkpoint(resume_dir)
+    except CheckpointError as err:
+        raise CheckpointError(f"runner.resume_dir={resume_dir!r}: {err}") from None
+    with open(os.path.join(resume_dir, "runner.json")) as f:
         return json.load(f)
 
 
@@ -155,22 +159,14 @@ class Runner:
         cfg = self.cfg
         print(f"[runner] building workers (placement {dict(cfg.cluster.component_placement)}, "
               f"backend {cfg.cluster.backend})", flush=True)
-        self.graph = graph = build_graph(cfg, start_version=self.state["version"])
+        self.graph = graph = build_graph(cfg)
         if cfg.runner.resume_dir:
-            import torch
-
             try:
                 versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
             except Exception as err:
                 raise RuntimeError(f"could not resume from runner.resume_dir={cfg.runner.resume_dir!r}: the "
                                    "checkpoint must come from a run with the same model config. "
                                    f"Loading failed with: {err}") from err
-            rollout_states = torch.load(os.path.join(cfg.runner.resume_dir, "rollout.pt"), weights_only=False)
-            if len(rollout_states) != len(graph.rollout):
-                raise ValueError(f"the checkpoint in runner.resume_dir has {len(rollout_states)} rollout workers' "
-                                 f"state, this run places {len(graph.rollout)}: resume with the same "
-                                 "cluster.component_placement.rollout")
-            wait_all([graph.rollout.call_rank(r, "set_state", s) for r, s in enumerate(rollout_states)])
             print(f"[runner] resumed from {cfg.runner.resume_dir}: step {self.state['step']}, "
                   f"version {versions[0]}", flush=True)
         wait_all(graph.actor.call("publish_weights"))
@@ -202,6 +198,8 @@ class Runner:
         record = dict(actor_metrics)
         record.update(pool_env_metrics(env_parts, interval_s))
         record["time/rollout"] = sum(p["time_rollout"] for p in rollout_parts) / len(rollout_parts)
+        for channel, name in zip(graph.channels, ("env_outputs", "actions", "trajectories", "weights")):
+            record[f"channel/{name}_qsize"] = float(channel.qsize())  # flat over a long run (scripts/soak.py)
         return record
 
     # ---- the loop ----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Pieces shared by the small policies: running observation normalisation, MLPs, Gaussian heads.
 
 The Policy protocol (DESIGN.md):
-- ``predict(obs, mode) -> PolicyOutput``: ``mode`` "train" samples (and updates running
-  observation statistics), "eval" takes the deterministic action.
+- ``predict(obs, mode) -> PolicyOutput``: ``mode`` "train" samples (and records observation
+  moments for the actor's normaliser), "eval" takes the deterministic action.
 - ``evaluate(forward_inputs, actions) -> (logprobs, entropy, values)`` with the same log-prob
   semantics as ``predict`` (one log-prob per decision: summed over chunk and action dims).
 - ``value(obs) -> values`` for bootstrapping from final observations.
@@ -16,6 +16,8 @@ from typing import Sequence, Tuple
 import numpy as np
 import torch
 from torch import nn
+
+from embodied_async.normalization import RunningNorm  # noqa: F401  (re-exported for the policies)
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -48,38 +50,15 @@ def make_mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: str, 
     return nn.Sequential(*layers)
 
 
-class RunningNorm(nn.Module):
-    """Running mean/variance normalisation of a feature vector (buffers, not parameters).
-
-    Statistics are updated by the rollout worker on the observations it sees; they are buffers,
-    so weight publication (parameters only) never overwrites them with the actor's stale copy.
-    """
-
-    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-        self.clip, self.eps = clip, eps
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        x = x.detach().to(torch.float64).reshape(-1, x.shape[-1])
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta, total = batch_mean - self.mean, self.count + n
-        new_mean = self.mean + delta * n / total
-        m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
-        self.mean.copy_(new_mean)
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + self.eps)
-        return normed.clamp(-self.clip, self.clip)
+# The log std is clamped to [LOG_STD_MIN, LOG_STD_MAX] (std 0.0067 to 7.4) wherever it is used:
+# below, log-probs grow without bound and one near-deterministic action blows up the ratio;
+# above, the sampled actions are all clipped by the env and carry no signal. Outside the range the
+# clamp passes no gradient, so the parameter stays where the optimiser left it.
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 class GaussianHead(nn.Module):
-    """Diagonal Gaussian over ``chunks x action_dim`` with a state-independent log std."""
+    """Diagonal Gaussian over ``chunks x action_dim`` with a state-independent, clamped log std."""
 
     def __init__(self, num_chunks: int, action_dim: int, init_log_std: float):
         super().__init__()
@@ -87,7 +66,8 @@ class GaussianHead(nn.Module):
         self.log_std = nn.Parameter(torch.full((num_chunks * action_dim,), float(init_log_std)))
 
     def distribution(self, mean: torch.Tensor) -> torch.distributions.Normal:
-        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+        std = self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
+        return torch.distributions.Normal(mean, std.expand_as(mean))
 
     def sample(self, mean: torch.Tensor, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         dist = self.distribution(mean)

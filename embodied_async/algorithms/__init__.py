@@ -1,4 +1,4 @@
-"""Pure-torch RL algorithm pieces: GAE, decoupled PPO loss, staleness."""
+"""Pure-torch RL algorithm pieces: GAE, decoupled PPO loss, staleness, the rollout store."""
 
 from embodied_async.algorithms.advantages import (
     compute_gae,
@@ -11,10 +11,11 @@ from embodied_async.algorithms.ppo_loss import (
     value_loss,
 )
 from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
-from embodied_async.algorithms.staleness import StalenessFilter, is_fresh, staleness
+from embodied_async.algorithms.rollout_store import RolloutStore, rollout_capacity
+from embodied_async.algorithms.staleness import is_fresh, staleness
 
 __all__ = [
-    "StalenessFilter",
+    "RolloutStore",
     "compute_gae",
     "decoupled_ppo_actor_loss",
     "explained_variance",
@@ -22,6 +23,7 @@ __all__ = [
     "is_fresh",
     "masked_mean",
     "normalize_advantages",
+    "rollout_capacity",
     "staleness",
     "value_loss",
 ]

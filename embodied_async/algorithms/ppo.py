@@ -70,12 +70,26 @@ def _to(device, batch: PPOBatch) -> PPOBatch:
 
 @torch.no_grad()
 def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device) -> torch.Tensor:
-    """log pi_proximal: the current (pre-update) policy's log-probs of the stored actions."""
-    out = []
-    for start in range(0, len(batch), micro_batch_size):
-        micro = _to(device, batch.rows(torch.arange(start, min(start + micro_batch_size, len(batch)))))
-        out.append(policy.evaluate(micro.forward_inputs, micro.actions)[0].float().cpu())
+    """log pi_proximal: the current (pre-update) policy's log-probs of the stored actions.
+
+    In eval mode: the anchor is the policy itself, not one random dropout mask of it.
+    """
+    was_training = policy.training
+    policy.eval()
+    try:
+        out = []
+        for start in range(0, len(batch), micro_batch_size):
+            micro = _to(device, batch.rows(torch.arange(start, min(start + micro_batch_size, len(batch)))))
+            out.append(policy.evaluate(micro.forward_inputs, micro.actions)[0].float().cpu())
+    finally:
+        policy.train(was_training)
     return torch.cat(out)
+
+
+def _all_finite(loss_finite: bool, grad_norm: torch.Tensor, all_reduce_sum: Callable, world_size: int) -> bool:
+    """True when every rank's losses and the global gradient norm are finite (ranks agree)."""
+    ok = torch.tensor([float(loss_finite and bool(torch.isfinite(grad_norm)))])
+    return float(all_reduce_sum(ok)[0]) == world_size
 
 
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
@@ -89,7 +103,7 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
 
     sums: Dict[str, float] = defaultdict(float)
     counts: Dict[str, int] = defaultdict(int)
-    epochs_run = 0
+    epochs_run, nonfinite_skipped = 0, 0
     for _ in range(s.epochs):
         epoch_kl, epoch_minibatches = 0.0, 0
         order = torch.randperm(len(batch), generator=generator)
@@ -99,6 +113,7 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             valid = all_reduce_sum(batch.loss_mask[mb_index].sum().float().reshape(1))[0]
             normalizer = max(float(valid), 1.0) / s.world_size
             optimizer.zero_grad(set_to_none=True)
+            loss_finite, step_metrics = True, []
             for mc_start in range(0, len(mb_index), s.micro_batch_size):
                 index = mb_index[mc_start:mc_start + s.micro_batch_size]
                 mc = _to(device, batch.rows(index))
@@ -120,19 +135,27 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                 loss = s.value_loss_coef * v_loss
                 if s.train_policy:
                     loss = loss + pg_loss - s.entropy_coef * ent
+                loss_finite &= bool(torch.isfinite(loss.detach()))
                 loss.backward()
                 # ---- bookkeeping: per-sample means of each micro-batch, averaged ----
                 to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
                 pg_metrics["policy_loss"] *= to_mean
                 v_metrics["value_loss"] *= to_mean
-                for name, value in {**pg_metrics, **v_metrics, "entropy": float(ent.detach()) * to_mean}.items():
-                    sums[name] += value
-                    counts[name] += 1
-                epoch_kl += pg_metrics["proximal_approx_kl"]
-                epoch_minibatches += 1
+                step_metrics.append({**pg_metrics, **v_metrics, "entropy": float(ent.detach()) * to_mean})
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
+            # ---- a NaN/inf loss or gradient would poison the weights for good: skip that step ----
+            if not _all_finite(loss_finite, grad_norm, all_reduce_sum, s.world_size):
+                optimizer.zero_grad(set_to_none=True)
+                nonfinite_skipped += 1
+                continue
+            for micro_metrics in step_metrics:  # only steps taken count in the averages
+                for name, value in micro_metrics.items():
+                    sums[name] += value
+                    counts[name] += 1
+                epoch_kl += micro_metrics["proximal_approx_kl"]
+                epoch_minibatches += 1
             sums["grad_norm"] += float(grad_norm)
             counts["grad_norm"] += 1
             optimizer.step()
@@ -144,4 +167,5 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
 
     metrics = {name: sums[name] / counts[name] for name in sums}
     metrics["epochs"] = float(epochs_run)
+    metrics["nonfinite_skipped"] = float(nonfinite_skipped)
     return metrics

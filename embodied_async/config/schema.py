@@ -50,6 +50,10 @@ class EnvConfig:
     instruction: Optional[str] = None
     # extra keyword arguments for the simulator's constructor
     extra_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # a float observation or reward beyond this magnitude is treated like a NaN: the sample is
+    # dropped from the loss, counted in env/nonfinite_dropped and the sub-env reset (a finite but
+    # absurd value would otherwise skew the observation statistics of the whole run)
+    max_abs_value: float = 1.0e6
 
 
 @dataclass
@@ -92,9 +96,16 @@ class ModelConfig:
 class AlgorithmConfig:
     gamma: float = 0.8
     gae_lambda: float = 0.9
-    # the actor drops samples more than this many versions older than itself; the rollout never
-    # runs further ahead. 0 = synchronous PPO.
+    # the actor drops trajectories more than this many versions older than itself; the rollout
+    # never runs further ahead. 0 = synchronous PPO.
     staleness_threshold: int = 1
+    # the rollout store: an update starts once each actor rank holds this many version-valid
+    # trajectories from every rollout stream (rollout rank x pipeline stage); all ranks train on
+    # the same ones. One update trains on this many x env.num_envs x rollout.num_steps decisions.
+    rollout_store_size_per_rank: int = 1
+    # at least this fraction of the trajectories of an update were produced by the actor's current
+    # version (lag 0); otherwise the actor waits for fresh ones. 0 = any version-valid mix.
+    on_policy_min_ratio: float = 0.0
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual clip for negative advantages

@@ -133,6 +133,17 @@ class WorkerGroup:
                 pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _result_naming_worker(pending: Pending) -> Any:
+    """The call's result; a worker that died during the call is named in the error."""
+    try:
+        return pending.result()
+    except Exception as err:
+        if type(err).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError"):
+            raise WorkerFailed(f"{pending.label} failed: the {pending.label.split('.')[0]} process died "
+                               f"({str(err).splitlines()[0]})") from err
+        raise
+
+
 def wait_all(pending: List[Pending], watch: Sequence[Pending] = (), timeout: Optional[float] = None,
              poll: float = 0.05) -> List[Any]:
     """Results of ``pending``; raises ``WorkerFailed`` as soon as a watched loop ends first.
@@ -150,7 +161,7 @@ def wait_all(pending: List[Pending], watch: Sequence[Pending] = (), timeout: Opt
                     raise WorkerFailed(f"{loop.label} failed: {err}") from err
                 raise WorkerFailed(f"{loop.label} stopped unexpectedly")
         if all(p.done() for p in pending):
-            return [p.result() for p in pending]
+            return [_result_naming_worker(p) for p in pending]
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {[p.label for p in pending if not p.done()]}")
         time.sleep(poll)

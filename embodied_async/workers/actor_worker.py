@@ -1,5 +1,6 @@
-"""Actor worker: one FSDP2 rank. Takes trajectories, filters stale ones, runs the PPO update,
-bumps the version and publishes weights to the rollout workers."""
+"""Actor worker: one FSDP2 rank. Fills its rollout store with trajectories, runs the PPO update on
+the store's batch, bumps the version and publishes weights (with the observation statistics and
+acknowledgements of what it consumed) to the rollout workers."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from embodied_async.algorithms import StalenessFilter, compute_gae, explained_variance
+from embodied_async.algorithms import compute_gae, explained_variance
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
+from embodied_async.algorithms.rollout_store import RolloutStore
+from embodied_async.checkpoint_io import load_tree, save_tree, verify_checkpoint
 from embodied_async.data import Trajectory, WeightMessage
+from embodied_async.normalization import merge_observation_moments, normalizer_state
 from embodied_async.registry import model_builder
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import setup_worker_process
@@ -48,17 +52,6 @@ def owned_copy(obj):
     return obj
 
 
-def concat_trajectories(trajectories: List[Trajectory]) -> Trajectory:
-    cat = lambda name, dim=1: torch.cat([getattr(t, name) for t in trajectories], dim=dim)  # noqa: E731
-    keys = trajectories[0].forward_inputs.keys()
-    return Trajectory(
-        forward_inputs={k: torch.cat([t.forward_inputs[k] for t in trajectories], dim=1) for k in keys},
-        actions=cat("actions"), logprobs=cat("logprobs"), values=cat("values"), rewards=cat("rewards"),
-        dones=cat("dones"), bootstrap_values=cat("bootstrap_values"), loss_mask=cat("loss_mask"),
-        versions=cat("versions"), next_values=cat("next_values", 0),
-    )
-
-
 class ActorWorker:
     def __init__(self, cfg, rank: int, world_size: int, device_kind: str, device_id: int, env_spec: dict,
                  actor_channel, weight_channel, num_rollout_ranks: int):
@@ -71,7 +64,9 @@ class ActorWorker:
         self.num_rollout_ranks = num_rollout_ranks
         self.streams = [(r, s) for r in range(num_rollout_ranks) for s in range(cfg.env.pipeline_stage_num)]
         self.version = 0
-        self.staleness_filter = StalenessFilter(cfg.algorithm.staleness_threshold)
+        alg = cfg.algorithm
+        self.store = RolloutStore(self.streams, alg.rollout_store_size_per_rank, alg.staleness_threshold,
+                                  alg.on_policy_min_ratio)
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self._update_lock = threading.Lock()
 
@@ -130,12 +125,16 @@ class ActorWorker:
                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
     def publish_weights(self) -> int:
-        """Collective: gather parameters; rank 0 sends the trainable ones with the version."""
+        """Collective: gather parameters; rank 0 sends the trainable ones, the observation
+        statistics and each rollout rank's acknowledgements with the version."""
         state = self._full_state_dict()
         if self.rank == 0:
-            trainable = {k: v for k, v in state.items() if k in self.trainable_names}
+            published = {k: v for k, v in state.items() if k in self.trainable_names}
+            published.update(normalizer_state(self.policy))
             for rollout_rank in range(self.num_rollout_ranks):
-                self.weight_channel.put(WeightMessage(self.version, trainable), key=rollout_rank)
+                acknowledged = {stage: count for (r, stage), count in self.store.acknowledged.items()
+                                if r == rollout_rank}
+                self.weight_channel.put(WeightMessage(self.version, published, acknowledged), key=rollout_rank)
         return self.version
 
     # ---- training ----------------------------------------------------------------------------
@@ -147,17 +146,18 @@ class ActorWorker:
                 continue
 
     def _collect(self) -> List[Trajectory]:
-        """One fresh shard per stream (rollout rank x pipeline stage), streams in a fixed order, so
-        every rank holds its shard of the same trajectories and keeps or drops them together."""
-        kept: List[Trajectory] = []
-        for stream in self.streams:
-            while True:
-                shard = self._get_shard(stream)
-                fresh = self.staleness_filter.accept(shard.versions, self.version)
-                if self._all_reduce_sum(torch.tensor([float(fresh)]))[0] == self.world_size:
-                    kept.append(shard)
-                    break
-        return kept
+        """Pull shards into the rollout store until it holds a complete batch.
+
+        The store decides from versions and arrival order alone, and every rank receives its shard
+        of the same trajectories in the same order, so all ranks keep, drop and train on the same
+        ones without talking to each other.
+        """
+        while True:
+            stream = self.store.stream_to_wait_for(self.version)
+            if stream is None:
+                return self.store.take(self.version)
+            shard = self._get_shard(stream)
+            self.store.add(stream, shard, int(shard.versions.min()))
 
     def _build_batch(self, traj: Trajectory) -> tuple:
         alg = self.cfg.algorithm
@@ -189,12 +189,15 @@ class ActorWorker:
             return self._train_step()
 
     def _train_step(self) -> Dict[str, float]:
+        wait_start = time.perf_counter()
         try:
             shards = self._collect()
         except ChannelClosed:
             raise RuntimeError("the trajectory channel closed while the actor was waiting for data") from None
         start = time.perf_counter()
-        traj = concat_trajectories(shards)
+        for shard in shards:  # the run's one normaliser learns from what it trains on
+            merge_observation_moments(self.policy, shard.obs_moments)
+        traj = Trajectory.concat(shards)
         batch, explained = self._build_batch(traj)
         self.policy.train()
         metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
@@ -208,11 +211,12 @@ class ActorWorker:
                     "train/actor/current_version": float(self.version),
                     "train/actor/staleness": float(self.version - versions.mean()),
                     "train/actor/num_samples": float(batch.loss_mask.sum())})
-        for key, value in self.staleness_filter.pop_metrics().items():
-            out[f"train/actor/{key}"] = float(value)
+        for key, value in self.store.pop_metrics().items():
+            out[f"train/rollout_store/{key}"] = value
         self.version += 1
         self.publish_weights()
         out["time/actor_training"] = time.perf_counter() - start
+        out["time/actor_data_wait"] = start - wait_start
         return self._average_metrics(out)
 
     def _average_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
@@ -224,7 +228,7 @@ class ActorWorker:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> int:
-        """Collective; rank 0 writes ``actor.pt`` (full model + optimiser state, version)."""
+        """Collective; rank 0 writes the full model, optimiser state and version (no pickle)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         if not self._update_lock.acquire(timeout=SAVE_LOCK_TIMEOUT_S):
@@ -236,22 +240,29 @@ class ActorWorker:
         return self.version
 
     def _write_checkpoint(self, folder: str, StateDictOptions, get_optimizer_state_dict) -> None:
+        """Tensors as safetensors, structure as JSON: a checkpoint never runs code when loaded.
+
+        ``model.safetensors`` is the policy's full state dict under its own parameter names,
+        observation statistics included: what a deployment loads.
+        """
         model_state = self._full_state_dict()
         optim_state = owned_copy(get_optimizer_state_dict(
             self.policy, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
         if self.rank == 0:
             os.makedirs(folder, exist_ok=True)
-            torch.save({"model": model_state, "optimizer": optim_state, "version": self.version,
-                        "generator": self.generator.get_state()}, os.path.join(folder, "actor.pt"))
+            save_tree(model_state, folder, "model")
+            save_tree(optim_state, folder, "optimizer")
+            save_tree({"version": self.version, "generator": self.generator.get_state()}, folder, "actor_state")
 
     def load_checkpoint(self, folder: str) -> int:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
-        state = torch.load(os.path.join(folder, "actor.pt"), map_location="cpu", weights_only=False)
+        verify_checkpoint(folder)  # tampered, truncated or foreign files fail here, naming the file
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.policy, state["model"], options=options)
-        set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"], options=options)
+        set_model_state_dict(self.policy, load_tree(folder, "model"), options=options)
+        set_optimizer_state_dict(self.policy, self.optimizer, load_tree(folder, "optimizer"), options=options)
+        state = load_tree(folder, "actor_state")
         self.version = int(state["version"])
         self.generator.set_state(state["generator"])
         return self.version

@@ -15,13 +15,18 @@ from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process
 POLL_SECONDS = 0.5  # how often a blocked loop looks at its stop flag
 
 
-def _nonfinite_rows(out: EnvOutput) -> np.ndarray:
-    """Rows whose reward or any numeric observation is NaN/inf."""
-    bad = ~np.isfinite(out.rewards)
+def _invalid_rows(out: EnvOutput, max_abs: float) -> np.ndarray:
+    """Rows whose reward or any float observation is NaN/inf or beyond ``max_abs`` in magnitude
+    (a finite but absurd value, e.g. 1e30 from an exploding simulator, is as useless as a NaN)."""
+    def bad_values(value: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return ~(np.abs(value) <= max_abs)  # NaN compares False, so it counts as bad
+
+    bad = bad_values(np.asarray(out.rewards, dtype=np.float64))
     for obs in (out.obs, out.final_obs or {}):
         for value in obs.values():
             if isinstance(value, np.ndarray) and value.dtype.kind == "f":
-                bad |= ~np.isfinite(value.reshape(value.shape[0], -1)).all(axis=1)
+                bad |= bad_values(value.reshape(value.shape[0], -1)).any(axis=1)
     return bad
 
 
@@ -71,8 +76,8 @@ class EnvWorker:
         return self.envs[0].spec
 
     def _sanitize(self, stage: int, out: EnvOutput) -> EnvOutput:
-        """Drop non-finite samples: mark them invalid, end their episode, reset the sub-env."""
-        bad = _nonfinite_rows(out)
+        """Drop non-finite or absurd samples: mark them invalid, end their episode, reset the sub-env."""
+        bad = _invalid_rows(out, self.cfg.env.max_abs_value)
         if not bad.any():
             return out
         idx = np.flatnonzero(bad)

@@ -10,7 +10,9 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from embodied_async.algorithms.rollout_store import rollout_capacity
 from embodied_async.data import ActionMessage, EnvOutput, Trajectory, WeightMessage, concat_observations, slice_observation
+from embodied_async.normalization import pop_observation_moments
 from embodied_async.registry import env_builder, model_builder
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
@@ -33,9 +35,14 @@ class _Step:
 
 @dataclass
 class _StageBuffer:
-    batch_index: int
     steps: List[_Step] = field(default_factory=list)
     pending: Optional[_Step] = None  # the last decision, waiting for its outcome
+    started: int = 0  # trajectories begun on this stage
+    acknowledged: int = 0  # of those, consumed or dropped by the actor (arrives with weights)
+
+    def idle(self) -> bool:
+        """Between trajectories: the next decision would begin a new one."""
+        return not self.steps and self.pending is None
 
 
 def merge_env_outputs(outputs: List[EnvOutput]) -> EnvOutput:
@@ -51,23 +58,19 @@ def merge_env_outputs(outputs: List[EnvOutput]) -> EnvOutput:
 
 
 def stack_steps(steps: List[_Step], next_values: torch.Tensor) -> Trajectory:
-    stack = lambda name: torch.stack([getattr(s, name) for s in steps])  # noqa: E731
-    keys = steps[0].forward_inputs.keys()
+    per_step = {name: torch.stack([getattr(s, name) for s in steps]) for name in
+                ("actions", "logprobs", "values", "rewards", "dones", "bootstrap_values", "loss_mask")}
     return Trajectory(
-        forward_inputs={k: torch.stack([s.forward_inputs[k] for s in steps]) for k in keys},
-        actions=stack("actions"), logprobs=stack("logprobs"), values=stack("values"), rewards=stack("rewards"),
-        dones=stack("dones"), bootstrap_values=stack("bootstrap_values"), loss_mask=stack("loss_mask"),
+        forward_inputs={k: torch.stack([s.forward_inputs[k] for s in steps]) for k in steps[0].forward_inputs},
         versions=torch.tensor([[s.version] * s.values.shape[0] for s in steps], dtype=torch.int64),
-        next_values=next_values,
-    )
+        next_values=next_values, **per_step)
 
 
 class RolloutWorker:
     """Serves the env workers ``env_ranks``; stage ``s`` of all of them forms one policy batch."""
 
     def __init__(self, cfg, rank: int, device_kind: str, device_id: int, env_spec: dict, env_ranks: List[int],
-                 env_channel, action_channel, actor_channel, weight_channel, actor_world_size: int,
-                 start_version: int = 0):
+                 env_channel, action_channel, actor_channel, weight_channel, actor_world_size: int):
         self.cfg, self.rank, self.env_ranks = cfg, rank, list(env_ranks)
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
@@ -77,7 +80,8 @@ class RolloutWorker:
         self.actor_channel, self.weight_channel = actor_channel, weight_channel
         self.actor_world_size = actor_world_size
         self.version = -1  # no weights yet: the actor publishes version 0 at start-up
-        self.buffers = [_StageBuffer(batch_index=start_version) for _ in range(cfg.env.pipeline_stage_num)]
+        self.buffers = [_StageBuffer() for _ in range(cfg.env.pipeline_stage_num)]
+        self.capacity = rollout_capacity(cfg.algorithm.rollout_store_size_per_rank, cfg.algorithm.staleness_threshold)
         self.timer = BusyTimer()
         self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
         self._stop = threading.Event()
@@ -99,6 +103,8 @@ class RolloutWorker:
             raise RuntimeError(f"published weights do not match the rollout policy: unexpected "
                                f"{result.unexpected_keys[:5]}, missing {missing[:5]}")
         self.version = message.version
+        for stage, count in message.acknowledged.items():
+            self.buffers[int(stage)].acknowledged = int(count)
 
     def _poll_weights(self) -> None:
         """Swap in any weights published since the last look (one get is always armed, so a look
@@ -119,10 +125,14 @@ class RolloutWorker:
         self._weight_future = None
         self._load(message)
 
-    def _required_version(self, stage: int) -> int:
-        # Never run more than staleness_threshold versions ahead of the actor: batch k needs
-        # weights of version >= k - threshold (0 = synchronous PPO).
-        return max(0, self.buffers[stage].batch_index - self.cfg.algorithm.staleness_threshold)
+    def _may_act(self, stage: int) -> bool:
+        """The throttle: a new trajectory begins only while fewer than ``capacity`` of this
+        stage's trajectories are unacknowledged by the actor (rollout_store.rollout_capacity says
+        why that bounds their lag by algorithm.staleness_threshold); one under way always goes on."""
+        buf = self.buffers[stage]
+        if self.version < 0:  # the actor publishes version 0 at start-up
+            return False
+        return not buf.idle() or buf.started - buf.acknowledged < self.capacity
 
     # ---- the loop ------------------------------------------------------------------------
     def _get_outputs(self, stage: int) -> EnvOutput:
@@ -140,6 +150,7 @@ class RolloutWorker:
         if len(rows):
             with self._policy_lock:
                 final_values = self.policy.value(slice_observation(out.final_obs, rows)).float().cpu()
+            self._check_finite(bootstrap_values=final_values)
             step.bootstrap_values[torch.as_tensor(rows)] = final_values
         buf.steps.append(step)
         buf.pending = None
@@ -147,9 +158,22 @@ class RolloutWorker:
     def _finish_trajectory(self, buf: _StageBuffer, obs) -> List[Trajectory]:
         with self._policy_lock:
             next_values = self.policy.value(obs).float().cpu()
+        self._check_finite(next_values=next_values)
         trajectory = stack_steps(buf.steps, next_values)
-        buf.steps, buf.batch_index = [], buf.batch_index + 1
+        trajectory.obs_moments = pop_observation_moments(self.policy)
+        buf.steps = []
         return trajectory.split(self.actor_world_size)
+
+    def _check_finite(self, **tensors: torch.Tensor) -> None:
+        """A policy whose outputs are NaN/inf has diverged: stop with that, not with a poisoned batch."""
+        for name, value in tensors.items():
+            bad = ~torch.isfinite(value)
+            if bad.any():
+                rows = torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1)).flatten().tolist()
+                raise FloatingPointError(
+                    f"the rollout policy (version {self.version}) produced non-finite {name} for sub-envs "
+                    f"{rows[:8]}: its weights have diverged. Lower actor.lr or actor.max_grad_norm, or resume "
+                    "from an earlier checkpoint (runner.resume_dir=logs/<run>/checkpoints/global_step_<N>)")
 
     def _receive(self, stage: int) -> EnvOutput:
         """Take the stage's env outputs; close the pending step; ship a finished trajectory."""
@@ -170,9 +194,12 @@ class RolloutWorker:
 
     def _act(self, stage: int, out: EnvOutput) -> None:
         buf = self.buffers[stage]
+        if buf.idle():
+            buf.started += 1
         with self.timer.section("rollout"):
             with self._policy_lock:
                 result = self.policy.predict(out.obs, mode="train")
+            self._check_finite(logprobs=result.logprobs, values=result.values)
             buf.pending = _Step(
                 forward_inputs={k: v.cpu() for k, v in result.forward_inputs.items()},
                 actions=result.actions.float().cpu(), logprobs=result.logprobs.float().cpu(),
@@ -198,7 +225,7 @@ class RolloutWorker:
                     if parked[stage] is None:
                         parked[stage] = self._receive(stage)
                     self._poll_weights()
-                    if self.version >= self._required_version(stage):
+                    if self._may_act(stage):
                         self._act(stage, parked[stage])
                         parked[stage] = None
                 if all(p is not None for p in parked):
@@ -235,15 +262,6 @@ class RolloutWorker:
                 returns[i] = 0.0
         return {"eval/success_rate": float(np.mean(successes)), "eval/episode_return": float(np.mean(episode_returns)),
                 "eval/version": float(version)}
-
-    def get_state(self) -> Dict[str, torch.Tensor]:
-        """What only the rollout knows: running observation statistics (buffers)."""
-        with self._policy_lock:
-            return {k: v.detach().cpu().clone() for k, v in self.policy.named_buffers()}
-
-    def set_state(self, state: Dict[str, torch.Tensor]) -> None:
-        with self._policy_lock:
-            self.policy.load_state_dict(state, strict=False)
 
     def close(self) -> None:
         self.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from embodied_async.registry import register_env
+from embodied_async.registry import register_env, register_env_check
 
 from .maniskill_env import (
     ManiSkillEnv,
@@ -15,6 +15,7 @@ __all__ = [
     "ManiSkillEnv",
     "bootstrap_flags",
     "build_maniskill_env",
+    "check_maniskill_config",
     "check_task_assets",
     "task_instruction",
 ]
@@ -28,3 +29,16 @@ def build_maniskill_env(env_cfg, num_envs: int, seed: int, rank: int = 0) -> Man
     (each env worker passes its own ``seed``).
     """
     return ManiSkillEnv(env_cfg, num_envs=num_envs, seed=seed)
+
+
+@register_env_check("maniskill")
+def check_maniskill_config(env_cfg) -> None:
+    """Start-up check: ``env.task_id`` must be a ManiSkill task (ValueError listing close matches).
+
+    Missing assets are not a config error: the env worker reports them with the download command
+    (``check_task_assets``), and a machine that only validates configs need not hold them.
+    """
+    try:
+        check_task_assets(env_cfg.task_id)
+    except FileNotFoundError:
+        pass

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from embodied_async.data import EnvOutput, Observation, concat_observations
+from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations
 
 OBS_MODES = ("state", "rgb")
 SIM_BACKENDS = ("cpu", "gpu")
@@ -62,21 +62,6 @@ def task_instruction(task_id: str, instruction: Optional[str] = None) -> str:
     # Split CamelCase keeping acronyms and robot names whole: "UnitreeG1Stand" -> unitree g1 stand.
     words = re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+\d*|\d+", name)
     return " ".join(w.lower() for w in words) or task_id
-
-
-def bootstrap_flags(terminated, truncated, terminal_on_success: bool) -> np.ndarray:
-    """Which finished sub-envs must bootstrap their value from the final observation.
-
-    Time limits always bootstrap. A termination bootstraps unless ``terminal_on_success``: ManiSkill
-    ends dense tasks at success while the reward would keep paying, so treating that end as
-    terminal teaches the policy to hover short of the goal. A termination at the time limit is
-    still a termination (gymnasium's convention: ``terminated`` wins).
-    """
-    terminated = np.asarray(terminated, dtype=bool)
-    truncated = np.asarray(truncated, dtype=bool)
-    if terminal_on_success:
-        return truncated & ~terminated
-    return terminated | truncated
 
 
 def _missing_asset_path(asset_id: str) -> Optional[str]:
@@ -341,7 +326,8 @@ class ManiSkillEnv:
                 term, trunc = bool(_to_numpy(terminated).any()), bool(_to_numpy(truncated).any())
                 if term or trunc:
                     dones[i] = True
-                    bootstrap[i] = bootstrap_flags(term, trunc, self.terminal_on_success)
+                    failed = _flag(info, "fail", 1)[0]
+                    bootstrap[i] = bootstrap_flags(term, trunc, self.terminal_on_success, failed)
                     finals[i] = self._normalise(raw, 1)
                     raw, _ = env.reset()
                     # The rest of the chunk was planned for the finished episode: drop it.
@@ -370,7 +356,8 @@ class ManiSkillEnv:
                 last = self._normalise(info["final_observation"], batch)
                 for i in np.flatnonzero(new):
                     finals[int(i)] = {k: v[i : i + 1] for k, v in last.items()}
-                bootstrap[new] = bootstrap_flags(term, trunc, self.terminal_on_success)[new]
+                failed = _flag(step_info, "fail", batch)
+                bootstrap[new] = bootstrap_flags(term, trunc, self.terminal_on_success, failed)[new]
                 dones |= new
             self._obs = self._normalise(raw, batch)
         return rewards, dones, bootstrap, successes, finals

@@ -23,6 +23,7 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    from embodied_async.checkpoint_io import CheckpointError
     from embodied_async.runner import run
     from embodied_async.scheduler.worker_group import WorkerFailed
 
@@ -31,6 +32,9 @@ def main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print("[train_async] stopped by Ctrl-C", file=sys.stderr, flush=True)
         sys.exit(130)
+    except CheckpointError as err:
+        print(f"checkpoint error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except WorkerFailed as err:
         print(f"[train_async] a worker failed, stopping the run: {err}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -57,7 +57,7 @@ class CNNPolicy(nn.Module):
             states = as_tensor(obs["states"], device=device)
             if self.normalizer is not None:
                 if update_stats:
-                    self.normalizer.update(states)
+                    self.normalizer.observe(states)
                 states = self.normalizer(states)
             inputs["states"] = states
         return inputs

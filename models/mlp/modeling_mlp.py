@@ -29,7 +29,7 @@ class MLPPolicy(nn.Module):
         if self.normalizer is None:
             return states
         if update_stats:
-            self.normalizer.update(states)
+            self.normalizer.observe(states)
         return self.normalizer(states)
 
     @torch.no_grad()

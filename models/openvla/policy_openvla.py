@@ -310,6 +310,7 @@ def ensure_tiny_checkpoint(path: str, action_dim: int) -> None:
 def resolve_checkpoint(path: str) -> str:
     """A local folder as it is; otherwise a Hugging Face repo id, downloaded into the normal cache
     (with a progress bar) or found there when offline."""
+    path = os.path.expanduser(path)  # the validation accepted "~/..." the same way
     if os.path.isdir(path):
         return path
     if os.path.exists(path) or path.count("/") != 1:

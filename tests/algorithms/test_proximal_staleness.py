@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from embodied_async.algorithms import (
-    StalenessFilter,
     interpolate_proximal_logprobs,
     is_fresh,
     staleness,
@@ -44,28 +43,3 @@ def test_staleness_and_is_fresh():
     assert isinstance(staleness(versions, 6), int)
     assert is_fresh(versions, 6, threshold=3)
     assert not is_fresh(versions, 6, threshold=2)
-
-
-def test_staleness_filter_counts_and_resets():
-    filt = StalenessFilter(threshold=1)
-    assert filt.accept(torch.tensor([[5, 5]]), 5)  # staleness 0
-    assert filt.accept(torch.tensor([[4, 5]]), 5)  # staleness 1
-    assert not filt.accept(torch.tensor([[3, 5]]), 5)  # staleness 2 -> dropped
-    assert (filt.num_accepted, filt.num_dropped, filt.max_staleness_seen) == (2, 1, 2)
-    assert filt.pop_metrics() == {
-        "dropped_trajectories": 1,
-        "accepted_trajectories": 2,
-        "max_staleness": 2,
-    }
-    assert filt.pop_metrics() == {
-        "dropped_trajectories": 0,
-        "accepted_trajectories": 0,
-        "max_staleness": 0,
-    }
-    assert not filt.accept(torch.tensor([[0]]), 4)
-    assert filt.pop_metrics()["max_staleness"] == 4
-
-
-def test_staleness_filter_rejects_negative_threshold():
-    with pytest.raises(ValueError):
-        StalenessFilter(threshold=-1)

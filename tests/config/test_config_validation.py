@@ -9,6 +9,7 @@ import pytest
 
 from conftest import REPO_ROOT, build_config
 from embodied_async.config import ConfigError, check
+from embodied_async.config.schema import EnvConfig
 from embodied_async.config.validate import to_train_config
 
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
@@ -19,24 +20,160 @@ def test_small_config_is_valid(tmp_path):
     assert cfg.env.num_envs == 4 and cfg.cluster.component_placement["actor"] == "3"
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("nonsense.key=1", "unknown config key 'nonsense.key'"),
-    ("env.nmu_envs=3", "unknown config key 'env.nmu_envs'"),
-    ("env.name=doesnotexist", "env.name='doesnotexist' is not allowed; use one of: "),
-    ("model.name=transformer9000", "model.name='transformer9000' is not allowed; use one of: cnn, mlp"),
-    ("env.obs_mode=depth", "env.obs_mode='depth'"),
-    ("env.num_envs=5", "env.num_envs=5 must divide evenly over 2 env processes"),
-    ("actor.global_batch_size=10", "must be a multiple of actor.global_batch_size=10"),
-    ("actor.micro_batch_size=5", "share of actor.global_batch_size (16) must be a multiple of actor.micro_batch_size=5"),
-    ("cluster.device_type=gpu", "asks for GPUs, but this machine has none"),
-    ("cluster.component_placement.env=3-1", "cluster.component_placement"),
-    ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c"),
-    ("runner.resume_dir=/no/such/folder", "runner.resume_dir='/no/such/folder' is not a folder"),
-])
-def test_bad_values_name_the_key(tmp_path, override, fragment):
+CHECKPOINT_HINT = "logs/<run>/checkpoints/global_step_<N>"
+
+# (overrides on SMALL, the key path the message must name, the fix it must give). SMALL: env on
+# slots 0-1, rollout on 2, actor on 3; 4 envs x 8 steps; actor.global_batch_size 16, micro 8.
+# "{tmp}" is replaced by an existing empty folder.
+BAD = [
+    # unknown keys, names and types
+    ("nonsense.key=1", "unknown config key 'nonsense.key'", "Fix the spelling or remove it"),
+    ("env.nmu_envs=3", "unknown config key 'env.nmu_envs'", "Valid keys under 'env': name, task_id, num_envs"),
+    ("env.num_envs=many", "env.num_envs", "Give a value of the type the schema declares"),
+    ("env.name=doesnotexist", "env.name='doesnotexist'", "use one of: "),
+    ("model.name=transformer9000", "model.name='transformer9000'", "use one of: cnn, mlp"),
+    ("env.obs_mode=depth", "env.obs_mode='depth'", "use one of: state, rgb"),
+    ("env.task_id=PushCub-v1", "env.task_id", "PushCube-v1"),  # close matches from ManiSkill's registry
+    # model
+    (("model.name=openvla", "model.path=/no/such/openvla"), "model.path='/no/such/openvla'",
+     "model.tiny_random_init=true"),
+    (("model.name=openvla", "model.path=./no_such_checkpoint"), "model.path='./no_such_checkpoint'",
+     "give a repo id such as"),
+    (("model.name=openvla", "model.path=a/b/c"), "model.path='a/b/c'",
+     "neither an existing folder nor a Hugging Face repo id"),
+    ("model.path=some/model", "model.path", "remove the override"),  # mlp takes no checkpoint
+    ("model.temperature=0", "model.temperature=0.0", "use 1.0"),
+    ("model.top_k=0", "model.top_k=0", "use e.g. 50 (or null to sample from all action tokens)"),
+    # placement and backend
+    ("cluster.device_type=gpu", "cluster.device_type=gpu", "cluster.device_type=auto"),
+    ("cluster.component_placement.env=3-1", "cluster.component_placement['env']", "valid examples"),
+    ("cluster.component_placement.critic=0", "cluster.component_placement key 'critic'",
+     "allowed components: env, rollout, actor"),
+    (("cluster.backend=local", "cluster.component_placement.actor=2-3"), "cluster.component_placement",
+     "place actor on a single id (e.g. 'actor': '0'), or use cluster.backend=ray"),
+    ("cluster.component_placement.rollout=2-4", "cluster.component_placement", "place a multiple of the rollout count"),
+    ("cluster.cpu_threads_per_worker=0", "cluster.cpu_threads_per_worker=0", "set it to 1 or more"),
+    # batch shapes
+    ("env.num_envs=5", "env.num_envs=5 must divide evenly over 2 env processes", "use a multiple of 2"),
+    ("actor.global_batch_size=10", "actor.global_batch_size=10", "pick a divisor of 32"),
+    (("algorithm.rollout_store_size_per_rank=3", "actor.global_batch_size=64"),
+     "algorithm.rollout_store_size_per_rank x env.num_envs x rollout.num_steps = 3 x 4 x 8 = 96",
+     "pick a divisor of 96 for actor.global_batch_size"),
+    ("actor.micro_batch_size=5", "actor.micro_batch_size=5", "use a divisor of 16"),
+    ("runner.eval_episodes=3", "runner.eval_episodes=3 must be a multiple of runner.eval_num_envs=2",
+     "round it to a multiple"),
+    # algorithm
+    ("algorithm.rollout_store_size_per_rank=0", "algorithm.rollout_store_size_per_rank=0", "set it to 1 or more"),
+    ("algorithm.on_policy_min_ratio=1.5", "algorithm.on_policy_min_ratio=1.5", "use 0 to accept any version-valid mix"),
+    ("algorithm.on_policy_min_ratio=-0.1", "algorithm.on_policy_min_ratio=-0.1", "1 for all fresh"),
+    ("algorithm.behave_weight_threshold=1.0", "algorithm.behave_weight_threshold=1.0", "use e.g. 2.0 (or null"),
+    ("algorithm.behave_weight_threshold=0.5", "algorithm.behave_weight_threshold=0.5", "masks (nearly) every sample"),
+    ("algorithm.target_kl=0", "algorithm.target_kl=0.0", "use e.g. 0.1 (or null to disable it)"),
+    ("algorithm.value_clip=-0.2", "algorithm.value_clip=-0.2", "use e.g. 0.2 (or null to disable it)"),
+    ("algorithm.staleness_threshold=-1", "algorithm.staleness_threshold=-1", "use 0 for synchronous PPO"),
+    ("algorithm.update_epochs=0", "algorithm.update_epochs=0", "set it to 1 or more"),
+    ("algorithm.gamma=0", "algorithm.gamma=0.0", "use e.g. 0.8-0.99"),
+    ("algorithm.gamma=1.5", "algorithm.gamma=1.5", "it is the discount factor"),
+    ("algorithm.gae_lambda=1.2", "algorithm.gae_lambda=1.2", "use e.g. 0.9-0.95"),
+    ("algorithm.clip_ratio_low=0", "algorithm.clip_ratio_low=0.0", "use e.g. 0.2"),
+    ("algorithm.clip_ratio_low=1.0", "algorithm.clip_ratio_low=1.0 must be < 1", "must stay positive"),
+    ("algorithm.clip_ratio_high=-0.1", "algorithm.clip_ratio_high=-0.1", "use e.g. 0.2"),
+    ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c=0.5", "use e.g. 3.0"),
+    ("algorithm.huber_delta=0", "algorithm.huber_delta=0.0", "use e.g. 10.0"),
+    ("algorithm.entropy_coef=-0.01", "algorithm.entropy_coef=-0.01", "use 0 to turn the term off"),
+    # optimiser
+    ("actor.lr=0", "actor.lr=0.0", "use e.g. 3e-4"),
+    ("actor.value_lr=-1e-3", "actor.value_lr=-0.001", "use e.g. 3e-3 (or null to use actor.lr)"),
+    ("actor.max_grad_norm=0", "actor.max_grad_norm=0.0", "use e.g. 0.5"),
+    # env
+    ("env.max_abs_value=0", "env.max_abs_value=0.0", "use e.g. 1e6"),
+    ("env.image_size=[128]", "env.image_size=[128]", "use e.g. [128, 128]"),
+    ("env.image_size=[0,128]", "env.image_size=[0, 128]", "two positive integers"),
+    ("env.max_episode_steps=-1", "env.max_episode_steps=-1", "use 0 for the task's own limit"),
+    # runner
+    ("runner.val_check_interval=-1", "runner.val_check_interval=-1", "use 0 to turn it off"),
+    ("runner.save_interval=-5", "runner.save_interval=-5", "use 0 to turn it off"),
+    ("runner.max_env_steps=0", "runner.max_env_steps=0", "(or null to stop at runner.max_steps only)"),
+    ("runner.resume_dir=/no/such/folder", "runner.resume_dir='/no/such/folder' is not a folder", CHECKPOINT_HINT),
+    ("runner.resume_dir={tmp}", "is a folder but not a checkpoint (it holds no runner.json)", CHECKPOINT_HINT),
+]
+
+
+def _overrides(overrides, tmp_path):
+    overrides = (overrides,) if isinstance(overrides, str) else overrides
+    return [o.replace("{tmp}", str(tmp_path)) for o in overrides]
+
+
+def _case_id(case):
+    overrides = (case[0],) if isinstance(case[0], str) else case[0]
+    return "+".join(overrides)
+
+
+@pytest.mark.parametrize("overrides, key, fix", BAD, ids=[_case_id(c) for c in BAD])
+def test_bad_values_name_the_key_and_the_fix(tmp_path, overrides, key, fix):
     with pytest.raises(ConfigError) as err:
-        build_config(tmp_path, override)
-    assert fragment in str(err.value)
+        build_config(tmp_path, *_overrides(overrides, tmp_path))
+    message = str(err.value)
+    assert key in message, message
+    assert fix in message, message
+
+
+def test_the_battery_is_broad():
+    assert len(BAD) >= 25
+
+
+@pytest.mark.parametrize("overrides", [
+    # fresh-data ratio with synchronous PPO: every trajectory is fresh anyway
+    ("algorithm.on_policy_min_ratio=0.5", "algorithm.staleness_threshold=0"),
+    ("algorithm.on_policy_min_ratio=1.0", "algorithm.rollout_store_size_per_rank=3"),
+    # the store multiplies the update batch: 2 x 4 x 8 = 64 fits a batch of 64 (32 alone would not)
+    ("algorithm.rollout_store_size_per_rank=2", "actor.global_batch_size=64", "actor.micro_batch_size=16"),
+    # None turns these off
+    ("algorithm.behave_weight_threshold=null", "algorithm.target_kl=null", "algorithm.value_clip=null"),
+    ("algorithm.behave_weight_threshold=1.5", "algorithm.target_kl=0.05", "algorithm.value_clip=0.2"),
+    # CPU slots may be shared by components (ray backend), and local runs everything on one slot
+    ("cluster.component_placement.env=3", "cluster.component_placement.rollout=3"),
+    ("cluster.backend=local", "cluster.component_placement.env=0", "cluster.component_placement.rollout=0",
+     "cluster.component_placement.actor=0"),
+    # a hub repo id is looked up by the worker; a tiny checkpoint is created where model.path says
+    ("model.name=openvla", "model.path=openvla/openvla-7b"),
+    ("model.name=openvla", "model.path=./not/yet/there", "model.tiny_random_init=true"),
+    ("model.name=openvla", "model.path={tmp}"),
+    ("runner.val_check_interval=0", "runner.save_interval=0", "env.max_episode_steps=0"),
+], ids=lambda o: "+".join(o))
+def test_edge_values_that_are_valid(tmp_path, overrides):
+    build_config(tmp_path, *_overrides(overrides, tmp_path))
+
+
+def test_resume_dir_checkpoint_and_checkpoints_root(tmp_path):
+    root = tmp_path / "logs" / "run" / "checkpoints"
+    step = root / "global_step_4"
+    step.mkdir(parents=True)
+    (step / "runner.json").write_text("{}")
+    (root / "latest").write_text("global_step_4\n")
+    assert build_config(tmp_path, f"runner.resume_dir={step}").runner.resume_dir == str(step)
+    with pytest.raises(ConfigError, match="holds no runner.json") as err:
+        build_config(tmp_path, f"runner.resume_dir={root}")
+    assert repr(str(step)) in str(err.value)  # points to the newest checkpoint under the root
+
+
+def test_env_family_check_through_the_registry(tmp_path, monkeypatch):
+    import envs.maniskill
+    from embodied_async.registry import env_config_check
+
+    family_check = env_config_check("maniskill")
+    assert family_check is envs.maniskill.check_maniskill_config
+    with pytest.raises(ValueError, match="close: .*PushCube-v1"):
+        family_check(EnvConfig(task_id="PushCub-v1"))
+    with pytest.raises(KeyError, match="registered envs: .*maniskill"):
+        env_config_check("nosuchsim")
+
+    def assets_missing(task_id, robot_uids=None):
+        raise FileNotFoundError(f"ManiSkill task '{task_id}' needs assets that are not downloaded")
+
+    # missing assets are the env worker's to report (with the download command), not a config error
+    monkeypatch.setattr(envs.maniskill, "check_task_assets", assets_missing)
+    assert build_config(tmp_path).env.task_id == "PushCube-v1"
 
 
 def test_wrong_type_names_the_key(tmp_path):
@@ -74,6 +211,18 @@ def test_cli_rejects_gpu_placement_without_gpus(tmp_path):
     proc, _ = _run_entry("cluster.device_type=gpu", f"runner.logger.log_path={tmp_path}/logs")
     assert proc.returncode == 2
     assert "asks for GPUs, but this machine has none" in proc.stderr
+
+
+@pytest.mark.parametrize("override, key, fix", [
+    ("algorithm.rollout_store_size_per_rank=0", "algorithm.rollout_store_size_per_rank=0", "set it to 1 or more"),
+    ("env.task_id=PushCub-v1", "env.task_id", "PushCube-v1"),
+])
+def test_cli_rejects_bad_values_before_starting(override, key, fix, tmp_path):
+    proc, seconds = _run_entry(override, f"runner.logger.log_path={tmp_path}/logs")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert key in proc.stderr and fix in proc.stderr, proc.stderr
+    assert "building workers" not in proc.stdout
+    assert seconds < 30
 
 
 def _compose(recipe, *overrides):

@@ -44,7 +44,7 @@ def test_two_async_updates_through_ray_then_resume(make_config):
     assert any("eval/success_rate" in r for r in read_records(cfg))
     assert records[-1]["env_steps"] >= 2 * 4 * 8  # two rollout batches were stepped
     checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_2")
-    assert os.path.exists(os.path.join(checkpoint, "actor.pt"))
+    assert os.path.exists(os.path.join(checkpoint, "model.safetensors"))
     assert os.path.exists(os.path.join(cfg.runner.logger.log_path, "tensorboard"))
 
     # resume: step count and versions carry on from the checkpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from embodied_async.data import EnvOutput
+from embodied_async.data import EnvOutput, bootstrap_flags
 from embodied_async.registry import register_env
 
 
@@ -12,7 +12,8 @@ class PointEnv:
     """A 2-D point pushed towards the origin; episodes end at a time limit (bootstrapped).
 
     ``faults`` maps a step count to what goes wrong then: "nan_reward" (sub-env 0),
-    "inf_obs" (sub-env 1) or "crash" (the env raises).
+    "inf_obs" (sub-env 1), "huge_obs" (a finite but absurd 1e30 in sub-env 2) or "crash" (the env
+    raises).
     """
 
     def __init__(self, num_envs: int, seed: int, horizon: int = 10, faults=None):
@@ -54,6 +55,8 @@ class PointEnv:
             rewards[0] = np.nan
         if fault == "inf_obs":
             obs["states"][1] = np.inf
+        if fault == "huge_obs":
+            obs["states"][2 % self.num_envs] = 1e30
         successes = np.linalg.norm(self.pos, axis=1) < 0.1
         return EnvOutput(obs, rewards, dones, dones.copy(), successes, np.ones(self.num_envs, bool), final)
 
@@ -63,9 +66,43 @@ class PointEnv:
 
 @register_env("faulty_point", module="fake_envs")
 def build_faulty_point(env_cfg, num_envs, seed):
-    return PointEnv(num_envs, seed, faults={3: "nan_reward", 5: "inf_obs", 9: "nan_reward"})
+    return PointEnv(num_envs, seed, faults={3: "nan_reward", 5: "inf_obs", 7: "huge_obs", 9: "nan_reward"})
 
 
 @register_env("crashing_point", module="fake_envs")
 def build_crashing_point(env_cfg, num_envs, seed):
     return PointEnv(num_envs, seed, faults={4: "crash"})
+
+
+class OutcomeEnv(PointEnv):
+    """Sub-env ``i`` ends its episode after ``3 + i`` steps with outcome ``OUTCOMES[i % 4]``: a
+    failure (terminated, ``fail``), a success (terminated, ``success``), a time limit (truncated),
+    or a success again. Bootstrapping follows the framework's one rule (``bootstrap_flags``)."""
+
+    OUTCOMES = ("fail", "success", "timeout", "success")
+
+    def __init__(self, num_envs: int, seed: int, terminal_on_success: bool):
+        super().__init__(num_envs, seed, horizon=10**9)
+        self.terminal_on_success = terminal_on_success
+        self.kind = np.array([self.OUTCOMES[i % 4] for i in range(num_envs)])
+        self.length = 3 + np.arange(num_envs)
+
+    def step(self, actions) -> EnvOutput:
+        self.pos = self.pos + 0.1 * np.clip(actions[:, 0], -1, 1)
+        self.t += 1
+        ended = self.t >= self.length
+        terminated = ended & (self.kind != "timeout")
+        truncated = ended & (self.kind == "timeout")
+        failed = ended & (self.kind == "fail")
+        successes = ended & (self.kind == "success")
+        bootstrap = bootstrap_flags(terminated, truncated, self.terminal_on_success, failed)
+        final = self._obs() if ended.any() else None
+        if ended.any():
+            self.reset_envs(np.flatnonzero(ended))
+        rewards = np.ones(self.num_envs, np.float32)
+        return EnvOutput(self._obs(), rewards, ended, bootstrap, successes, np.ones(self.num_envs, bool), final)
+
+
+@register_env("outcome_point", module="fake_envs")
+def build_outcome_point(env_cfg, num_envs, seed):
+    return OutcomeEnv(num_envs, seed, env_cfg.terminal_on_success)

@@ -1,0 +1,101 @@
+"""Numerical guards of the update: eval-mode proximal recompute, skipped non-finite steps, the
+clamped log std, and the rollout's refusal of non-finite policy outputs."""
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
+from models.common import LOG_STD_MAX, LOG_STD_MIN, GaussianHead
+
+N, DIM = 32, 3
+
+
+class TinyPolicy(nn.Module):
+    """Gaussian policy with dropout; ``poison_rows`` makes evaluate return NaN values there."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(DIM, 16), nn.Dropout(0.5), nn.Linear(16, 2))
+        self.critic = nn.Linear(DIM, 1)
+        self.head = GaussianHead(1, 2, -0.5)
+        self.modes_seen = []
+        self.poison = None  # row marker: states[:, 0] == this value gives a NaN value
+
+    def evaluate(self, forward_inputs, actions):
+        self.modes_seen.append(self.training)
+        states = forward_inputs["states"]
+        logprobs, entropy = self.head.log_prob_entropy(self.body(states), actions)
+        values = self.critic(states).squeeze(-1)
+        if self.poison is not None:
+            values = torch.where(states[:, 0] == self.poison, torch.full_like(values, float("nan")), values)
+        return logprobs, entropy, values
+
+
+def batch(poison_value=None):
+    g = torch.Generator().manual_seed(1)
+    states = torch.randn(N, DIM, generator=g)
+    if poison_value is not None:
+        states[0, 0] = poison_value
+    return PPOBatch({"states": states}, torch.randn(N, 1, 2, generator=g), torch.randn(N, generator=g) - 2,
+                    torch.randn(N, generator=g), torch.randn(N, generator=g), torch.randn(N, generator=g),
+                    torch.zeros(N, dtype=torch.int64), torch.ones(N, dtype=torch.bool))
+
+
+def settings(**overrides):
+    values = dict(epochs=2, minibatch_size=8, micro_batch_size=8, world_size=1, version=0, recompute_logprobs=True,
+                  train_policy=True, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+                  behave_weight_threshold=None, value_clip=None, huber_delta=10.0, value_loss_coef=0.5,
+                  entropy_coef=0.0, normalize_advantages=True, target_kl=None, max_grad_norm=0.5)
+    values.update(overrides)
+    return UpdateSettings(**values)
+
+
+def run_update(policy, data, **overrides):
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    policy.train()
+    return ppo_update(policy, optimizer, data, settings(**overrides), lambda t: t, torch.Generator().manual_seed(0))
+
+
+def test_proximal_recompute_runs_in_eval_mode_and_training_in_train_mode():
+    policy = TinyPolicy()
+    run_update(policy, batch())
+    recompute_calls = N // 8
+    assert policy.modes_seen[:recompute_calls] == [False] * recompute_calls  # no dropout in the anchor
+    assert all(policy.modes_seen[recompute_calls:])
+    assert policy.training  # left as it was
+
+
+def test_nonfinite_step_is_skipped_and_counted():
+    policy = TinyPolicy()
+    policy.poison = 123.0
+    metrics = run_update(policy, batch(poison_value=123.0))
+    # the poisoned row lands in exactly one minibatch per epoch: 2 skipped steps out of 8
+    assert metrics["nonfinite_skipped"] == 2.0
+    for param in policy.parameters():
+        assert torch.isfinite(param).all()
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items())
+    clean = run_update(TinyPolicy(), batch())
+    assert clean["nonfinite_skipped"] == 0.0
+
+
+def test_log_std_is_clamped():
+    head = GaussianHead(1, 2, init_log_std=0.0)
+    with torch.no_grad():
+        head.log_std.copy_(torch.tensor([-30.0, 30.0]))
+    std = head.distribution(torch.zeros(1, 2)).stddev[0]
+    torch.testing.assert_close(std, torch.tensor([LOG_STD_MIN, LOG_STD_MAX]).exp())
+    logprob, entropy = head.log_prob_entropy(torch.zeros(1, 2), torch.zeros(1, 1, 2))
+    assert torch.isfinite(logprob).all() and torch.isfinite(entropy).all()
+
+
+def test_rollout_refuses_nonfinite_policy_outputs():
+    from embodied_async.workers.rollout_worker import RolloutWorker
+
+    worker = types.SimpleNamespace(version=7)
+    RolloutWorker._check_finite(worker, logprobs=torch.zeros(4), values=torch.ones(4))
+    with pytest.raises(FloatingPointError, match=r"version 7\) produced non-finite values for sub-envs \[2\]"):
+        RolloutWorker._check_finite(worker, logprobs=torch.zeros(4), values=torch.tensor([0, 1, float("nan"), 2]))

@@ -1,0 +1,178 @@
+"""The async core in one process (fake envs, no simulator): termination semantics, the rollout
+store's lag histogram and drops, the run's one observation normaliser, pickle-free checkpoints."""
+
+import json
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fake_envs  # noqa: F401  (registers the test envs)
+from embodied_async.checkpoint_io import CheckpointError, load_tree, verify_checkpoint
+from embodied_async.runner import Runner
+from embodied_async.workers import actor_worker
+
+LOCAL = ["cluster.backend=local", "cluster.component_placement.env=0", "cluster.component_placement.rollout=0",
+         "cluster.component_placement.actor=0", "runner.val_check_interval=0"]
+
+
+def train_records(cfg):
+    with open(os.path.join(cfg.runner.logger.log_path, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if "train/actor/current_version" in r]
+
+
+@pytest.mark.parametrize("terminal_on_success", [False, True])
+def test_failure_is_terminal_success_follows_the_setting_time_limit_bootstraps(make_config, monkeypatch,
+                                                                               terminal_on_success):
+    seen = []
+    original = actor_worker.compute_gae
+
+    def spy(rewards, values, dones, next_values, bootstrap_values, *args):
+        seen.append((dones.clone(), bootstrap_values.clone()))
+        return original(rewards, values, dones, next_values, bootstrap_values, *args)
+
+    monkeypatch.setattr(actor_worker, "compute_gae", spy)
+    cfg = make_config(*LOCAL, "env.name=outcome_point", f"env.terminal_on_success={terminal_on_success}",
+                      "runner.max_steps=2", "runner.save_interval=0")
+    Runner(cfg).run()
+    # sub-env i of the single stage: outcome OUTCOMES[i % 4]; every one ended at least once in 16 steps
+    dones = torch.cat([d for d, _ in seen])
+    bootstrapped = torch.cat([b for _, b in seen]) != 0
+    for env_index, outcome in enumerate(fake_envs.OutcomeEnv.OUTCOMES):
+        ends = dones[:, env_index]
+        assert ends.any(), outcome
+        flags = bootstrapped[:, env_index][ends]
+        expected = {"fail": False, "timeout": True, "success": not terminal_on_success}[outcome]
+        assert flags.tolist() == [expected] * len(flags), outcome
+    assert not bootstrapped[~dones].any()  # only finished episodes bootstrap from a final observation
+
+
+def test_rollout_store_lag_histogram_and_drops(make_config):
+    """Two trajectories per update, all of them from the current version: the rollout's leftovers
+    of the previous version go stale and are dropped, and training goes on."""
+    cfg = make_config(*LOCAL, "env.name=faulty_point", "algorithm.rollout_store_size_per_rank=2",
+                      "algorithm.on_policy_min_ratio=1.0", "algorithm.staleness_threshold=1",
+                      "runner.max_steps=6", "runner.save_interval=0")
+    assert Runner(cfg).run()["step"] == 6
+    records = train_records(cfg)
+    for r in records:
+        assert r["train/rollout_store/trajectories_lag_0"] == 2.0  # the ratio demands both fresh
+        assert r["train/rollout_store/trajectories_lag_1"] == 0.0
+        assert r["train/rollout_store/max_lag"] == 0.0
+        assert r["train/actor/num_samples"] > 4 * 8  # two trajectories' worth (less the dropped faults)
+    assert sum(r["train/rollout_store/dropped_trajectories"] for r in records) > 0
+    assert sum(r["train/rollout_store/waited_for_fresh"] for r in records) > 0
+
+
+@pytest.mark.parametrize("staleness, ratio", [(0, 0.0), (1, 0.5), (2, 0.0)])
+def test_store_sizes_train_without_deadlock_within_the_staleness_bound(make_config, staleness, ratio):
+    cfg = make_config(*LOCAL, "env.name=faulty_point", "env.pipeline_stage_num=2",
+                      "algorithm.rollout_store_size_per_rank=2", f"algorithm.on_policy_min_ratio={ratio}",
+                      f"algorithm.staleness_threshold={staleness}", "runner.max_steps=4", "runner.save_interval=0")
+    assert Runner(cfg).run()["step"] == 4
+    for r in train_records(cfg):
+        lags = [r[f"train/rollout_store/trajectories_lag_{k}"] for k in range(staleness + 1)]
+        assert sum(lags) == 2 * 2  # two per stream, two streams (pipeline stages)
+        assert lags[0] >= ratio * 4
+        assert r["train/rollout_store/max_lag"] <= staleness
+        assert r["train/actor/staleness"] <= staleness
+
+
+def test_one_normaliser_saved_without_pickle_and_absurd_values_dropped(make_config, monkeypatch):
+    cfg = make_config(*LOCAL, "env.name=faulty_point", "runner.max_steps=3", "runner.save_interval=3")
+    Runner(cfg).run()
+    records = train_records(cfg)
+    assert sum(r["env/nonfinite_dropped"] for r in records) == 4  # nan, inf, 1e30, nan
+
+    checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_3")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a checkpoint file was unpickled")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    manifest = verify_checkpoint(checkpoint)
+    assert {"model.safetensors", "optimizer.safetensors", "runner.json"} <= set(manifest["files"])
+    for name in sorted(os.listdir(checkpoint)):
+        path = os.path.join(checkpoint, name)
+        if name.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            load_file(path)
+        else:
+            assert name.endswith(".json"), f"{name} is neither safetensors nor JSON"
+            with open(path) as f:
+                json.load(f)
+
+    # the statistics the rollout normalised with live in the deployable model file, learned from
+    # the sane observations only (the 1e30 row was dropped before it could reach them)
+    model = load_tree(checkpoint, "model")
+    count, mean, var = model["normalizer.count"], model["normalizer.mean"], model["normalizer.var"]
+    assert float(count) > 3 * 4 * 8 * 0.9
+    assert mean.abs().max() < 10 and var.max() < 100
+
+
+def test_tampered_checkpoint_is_refused_naming_the_file(make_config):
+    cfg = make_config(*LOCAL, "env.name=faulty_point", "runner.max_steps=1", "runner.save_interval=1")
+    Runner(cfg).run()
+    checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_1")
+    path = os.path.join(checkpoint, "optimizer.safetensors")
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    resumed = make_config(*LOCAL, "env.name=faulty_point", f"runner.resume_dir={checkpoint}", "runner.max_steps=2")
+    with pytest.raises(CheckpointError, match="optimizer.safetensors"):
+        Runner(resumed).run()
+    os.truncate(path, 10)
+    with pytest.raises(CheckpointError, match="truncated"):
+        Runner(resumed).run()
+
+
+def test_resume_restores_the_normaliser_and_the_rollout_uses_it(make_config):
+    cfg = make_config(*LOCAL, "env.name=faulty_point", "runner.max_steps=2", "runner.save_interval=2")
+    Runner(cfg).run()
+    checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_2")
+    saved = load_tree(checkpoint, "model")
+    resumed_cfg = make_config(*LOCAL, "env.name=faulty_point", f"runner.resume_dir={checkpoint}",
+                              "runner.max_steps=2")
+    runner = Runner(resumed_cfg)
+    runner._start()
+    try:
+        rollout = runner.graph.rollout.workers[0]
+        deadline = time.monotonic() + 30
+        while rollout.version < 0 and time.monotonic() < deadline:  # its loop loads the published weights
+            time.sleep(0.05)
+        assert rollout.version == 2
+        for name in ("mean", "var", "count"):
+            torch.testing.assert_close(getattr(rollout.policy.normalizer, name), saved[f"normalizer.{name}"])
+    finally:
+        runner._shutdown()
+
+
+def test_rollout_predict_never_moves_the_statistics():
+    from models.mlp.modeling_mlp import MLPPolicy
+    from embodied_async.config.schema import ModelConfig
+    from embodied_async.normalization import merge_observation_moments, pop_observation_moments
+
+    policy = MLPPolicy(ModelConfig(hidden_sizes=[8]), {"obs_shapes": {"states": (3,)}, "action_dim": 2,
+                                                      "num_action_chunks": 1})
+    before = policy.normalizer.mean.clone()
+    rng = np.random.default_rng(0)
+    first, second = rng.normal(5.0, 2.0, (64, 3)), rng.normal(-1.0, 0.5, (32, 3))
+    policy.predict({"states": first.astype(np.float32)}, mode="train")
+    policy.predict({"states": np.array([[1e30, 0, 0]], np.float32)}, mode="train")  # ignored row
+    policy.predict({"states": second.astype(np.float32)}, mode="train")
+    policy.predict({"states": first.astype(np.float32)}, mode="eval")  # eval observes nothing
+    assert torch.equal(policy.normalizer.mean, before)
+    moments = pop_observation_moments(policy)
+    assert pop_observation_moments(policy) == {}
+    merge_observation_moments(policy, moments)
+    both = np.concatenate([first, second]).astype(np.float32).astype(np.float64)
+    count = float(policy.normalizer.count)
+    assert count == pytest.approx(96 + 1e-4)
+    np.testing.assert_allclose(policy.normalizer.mean.numpy(), both.mean(0) * 96 / count, rtol=1e-6)
+    np.testing.assert_allclose(policy.normalizer.var.numpy(), both.var(0), rtol=1e-3)
