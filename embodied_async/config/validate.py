@@ -193,7 +193,7 @@ def _check_env_family(cfg: TrainConfig) -> None:
 
 def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
     """Semantic checks that the type system cannot express."""
-    from embodied_async.scheduler.placement import PlacementError, detect_num_gpus
+    from embodied_async.scheduler.placement import PlacementError
 
     _choice(cfg.cluster.backend, "cluster.backend", ("ray", "local"))
     _choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
@@ -207,9 +207,18 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
         placement = resolve_placement(cfg, num_gpus)
     except PlacementError as err:
         raise ConfigError(str(err)) from None
-    if num_gpus is None:
-        num_gpus = detect_num_gpus()
+    _check_ranges(cfg)
+    _check_model_path(cfg)
+    _check_placement(cfg, placement)
+    _check_batches(cfg, placement)
+    if cfg.runner.resume_dir is not None:
+        _check_resume_dir(cfg.runner.resume_dir)
+    # last: the family check may import its simulator (seconds), so cheap mistakes are reported first
+    _check_env_family(cfg)
 
+
+def _check_ranges(cfg: TrainConfig) -> None:
+    """Each number within its meaningful range, and no pretrained-model keys on small policies."""
     for key in ("cluster.num_nodes", "cluster.cpu_threads_per_worker", "env.num_envs", "rollout.num_steps",
                 "actor.global_batch_size", "actor.micro_batch_size", "env.pipeline_stage_num",
                 "env.num_action_chunks", "algorithm.update_epochs", "algorithm.rollout_store_size_per_rank",
@@ -269,9 +278,10 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
                                          ("model.tiny_random_init", cfg.model.tiny_random_init)) if value]
         _require(not unused, f"{', '.join(unused)} apply to pretrained models; model.name={cfg.model.name} "
                              "does not use them: remove the override")
-    _check_model_path(cfg)
 
-    _check_placement(cfg, placement)
+
+def _check_batches(cfg: TrainConfig, placement) -> None:
+    """Sub-envs, trajectories and minibatches divide evenly over the placed processes."""
     num_env_procs = len(placement.ids("env"))
     num_rollout_procs = len(placement.ids("rollout"))
     world = len(placement.ids("actor"))
@@ -304,10 +314,6 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> None:
     _require(cfg.runner.eval_episodes % cfg.runner.eval_num_envs == 0,
              f"runner.eval_episodes={cfg.runner.eval_episodes} must be a multiple of "
              f"runner.eval_num_envs={cfg.runner.eval_num_envs}; round it to a multiple")
-    if cfg.runner.resume_dir is not None:
-        _check_resume_dir(cfg.runner.resume_dir)
-    # last: the family check may import its simulator (seconds), so cheap mistakes are reported first
-    _check_env_family(cfg)
 
 
 def resolve_placement(cfg: TrainConfig, num_gpus: Optional[int] = None):

@@ -299,7 +299,7 @@ def _actor_class():
     if _remote_actor_class is None:
         # num_cpus=0: a channel must never hold back a worker waiting for a CPU; high
         # max_concurrency so that many blocked gets/puts cannot starve the calls that free them.
-        _remote_actor_class = _ray().remote(num_cpus=0, max_concurrency=1000)(_ChannelActor)
+        _remote_actor_class = _ray().remote(num_cpus=0, max_concurrency=1000, enable_task_events=False)(_ChannelActor)
     return _remote_actor_class
 
 

@@ -50,6 +50,10 @@ def init_ray(num_nodes: int) -> None:
     kwargs: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if address is None:
         kwargs["num_cpus"] = max(os.cpu_count() or 1, 4)
+        # Ray keeps an event record of every call in its GCS daemon, up to 100k by default: over a
+        # long run that grew it by ~250 MB (scripts/soak.py). Our actors opt out of the records
+        # (enable_task_events=False); the bound covers whatever else records them.
+        kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": 1000}
     ray.init(address=address, **kwargs)
     # Ray swaps the driver's SIGINT handler for its own, which swallows Ctrl-C while we wait on
     # workers; restore Python's so Ctrl-C raises KeyboardInterrupt and the runner can save.
@@ -99,7 +103,7 @@ class WorkerGroup:
             if backend == "ray":
                 import ray
 
-                remote_cls = ray.remote(num_cpus=0, max_concurrency=8)(cls)
+                remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
                 options = _gpu_actor_options(device_id, slots) if device_kind == "gpu" else {}
                 self.workers.append(remote_cls.options(**options).remote(**kwargs))
             else:

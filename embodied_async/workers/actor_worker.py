@@ -204,8 +204,9 @@ class ActorWorker:
                              self.generator, self.device)
         versions = traj.versions.float()
         out = {f"train/actor/{k}": v for k, v in metrics.items() if k not in ("value_loss", "value_clip_fraction")}
-        out.update({"train/critic/value_loss": metrics["value_loss"],
-                    "train/critic/value_clip_fraction": metrics["value_clip_fraction"],
+        nan = float("nan")  # every step of an update may have been skipped as non-finite
+        out.update({"train/critic/value_loss": metrics.get("value_loss", nan),
+                    "train/critic/value_clip_fraction": metrics.get("value_clip_fraction", nan),
                     "train/critic/explained_variance": explained,
                     "train/actor/average_version": float(versions.mean()),
                     "train/actor/current_version": float(self.version),

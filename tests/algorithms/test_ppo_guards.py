@@ -80,6 +80,13 @@ def test_nonfinite_step_is_skipped_and_counted():
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items())
     clean = run_update(TinyPolicy(), batch())
     assert clean["nonfinite_skipped"] == 0.0
+    # every step poisoned: nothing moves, and the update still reports
+    policy, data = TinyPolicy(), batch()
+    data.forward_inputs["states"][:, 0] = policy.poison = 7.0
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = run_update(policy, data)
+    assert metrics["nonfinite_skipped"] == 8.0 and metrics["epochs"] == 2.0
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
 def test_log_std_is_clamped():
