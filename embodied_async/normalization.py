@@ -43,7 +43,8 @@ class RunningNorm(nn.Module):
         self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
         self.clip, self.eps, self.max_abs = clip, eps, max_abs
-        self._pending: Optional[torch.Tensor] = None
+        # observed since the last pop: count, sum and sum of squares (float64; cheap per step)
+        self._pending = torch.zeros(1 + 2 * dim, dtype=torch.float64)
 
     def _state(self) -> torch.Tensor:
         return torch.cat([self.count.reshape(1), self.mean, self.var])
@@ -51,16 +52,24 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def observe(self, x: torch.Tensor) -> None:
         x = x.detach().to(device="cpu", dtype=torch.float64).reshape(-1, self.mean.shape[0])
-        x = x[(torch.isfinite(x) & (x.abs() <= self.max_abs)).all(dim=1)]
-        if x.shape[0] == 0:
-            return
-        batch = torch.cat([torch.tensor([float(x.shape[0])], dtype=torch.float64), x.mean(0),
-                           x.var(0, unbiased=False)])
-        self._pending = batch if self._pending is None else _combine(self._pending, batch)
+        ok = (x.abs() <= self.max_abs).all(dim=1)  # NaN compares False: dropped too
+        if not bool(ok.all()):
+            x = x[ok]
+        dim = self.mean.shape[0]
+        self._pending[0] += x.shape[0]
+        self._pending[1:1 + dim] += x.sum(0)
+        self._pending[1 + dim:] += (x * x).sum(0)
 
     def pop_moments(self) -> Optional[torch.Tensor]:
-        pending, self._pending = self._pending, None
-        return pending
+        """``[count, mean..., var...]`` of what was observed since the last pop; None if nothing."""
+        pending, self._pending = self._pending, torch.zeros_like(self._pending)
+        count = float(pending[0])
+        if count == 0.0:
+            return None
+        dim = self.mean.shape[0]
+        mean = pending[1:1 + dim] / count
+        var = (pending[1 + dim:] / count - mean * mean).clamp(min=0.0)
+        return torch.cat([pending[:1], mean, var])
 
     @torch.no_grad()
     def merge_moments(self, moments: torch.Tensor) -> None:
