@@ -49,11 +49,16 @@ def register_model(name: str, module: str | None = None) -> Callable:
     return decorator
 
 
+def _import_family(kind: str, name: str, known: Dict[str, str]) -> None:
+    """Import the module that registers ``name`` (its builder and, where it has one, its check)."""
+    if name not in known:
+        raise KeyError(f"unknown {kind} '{name}'; registered {kind}s: {', '.join(sorted(known))}")
+    importlib.import_module(known[name])
+
+
 def _lookup(kind: str, name: str, known: Dict[str, str], builders: Dict[str, Callable]) -> Callable:
     if name not in builders:
-        if name not in known:
-            raise KeyError(f"unknown {kind} '{name}'; registered {kind}s: {', '.join(sorted(known))}")
-        importlib.import_module(known[name])
+        _import_family(kind, name, known)
         if name not in builders:
             raise KeyError(f"module '{known[name]}' did not register {kind} '{name}'")
     return builders[name]
@@ -86,7 +91,5 @@ def register_env_check(name: str) -> Callable:
 def env_config_check(name: str) -> Optional[Callable]:
     """The config check env family ``name`` registered, or None; imports the family lazily."""
     if name not in _ENV_CHECKS:
-        if name not in KNOWN_ENVS:
-            raise KeyError(f"unknown env '{name}'; registered envs: {', '.join(sorted(KNOWN_ENVS))}")
-        importlib.import_module(KNOWN_ENVS[name])
+        _import_family("env", name, KNOWN_ENVS)
     return _ENV_CHECKS.get(name)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from embodied_async.algorithms import compute_gae, explained_variance
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
-from embodied_async.checkpoint_io import load_tree, save_tree, verify_checkpoint
+from embodied_async.checkpoint_io import load_tree, save_tree
 from embodied_async.data import Trajectory, WeightMessage
 from embodied_async.normalization import merge_observation_moments, normalizer_state
 from embodied_async.registry import model_builder
@@ -259,7 +259,8 @@ class ActorWorker:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
-        verify_checkpoint(folder)  # tampered, truncated or foreign files fail here, naming the file
+        # the runner verified every file against the manifest before any worker started
+        # (read_resume_state): hashing a large checkpoint again on each rank would only cost start-up
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.policy, load_tree(folder, "model"), options=options)
         set_optimizer_state_dict(self.policy, self.optimizer, load_tree(folder, "optimizer"), options=options)
