@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -89,6 +89,23 @@ class EnvOutput:
     def num_envs(self) -> int:
         return int(self.rewards.shape[0])
 
+    @classmethod
+    def concat(cls, parts: List["EnvOutput"]) -> "EnvOutput":
+        """Concatenate several outputs (e.g. of env workers serving one rollout) along ``B``."""
+        if len(parts) == 1:
+            return parts[0]
+        values: Dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "final_obs":
+                if any(p.final_obs is not None for p in parts):  # rows that did not finish repeat obs
+                    values[f.name] = concat_observations([p.obs if p.final_obs is None else p.final_obs
+                                                          for p in parts])
+            elif f.name == "obs":
+                values[f.name] = concat_observations([p.obs for p in parts])
+            else:
+                values[f.name] = np.concatenate([getattr(p, f.name) for p in parts])
+        return cls(**values)
+
 
 @dataclass
 class PolicyOutput:
@@ -112,6 +129,42 @@ class ActionMessage:
     actions: np.ndarray  # float32 [B, C, A]
 
 
+# Where a field's sub-env dimension is: every batched operation below is written once from it.
+PER_STEP = {"env_dim": 1}  # [T, B, ...]
+PER_ENV = {"env_dim": 0}  # [B, ...]
+UNBATCHED = {"env_dim": None}
+
+
+def _map_tree(fn: Callable, value: Any) -> Any:
+    """``fn`` on a tensor, or on every tensor of a (nested) dict of them."""
+    if isinstance(value, dict):
+        return {k: _map_tree(fn, v) for k, v in value.items()}
+    return fn(value)
+
+
+def _zip_tree(fn: Callable, values: List[Any]) -> Any:
+    """``fn(list of tensors)`` on aligned tensors of several values with the same (dict) structure."""
+    if isinstance(values[0], dict):
+        return {k: _zip_tree(fn, [v[k] for v in values]) for k in values[0]}
+    return fn(values)
+
+
+@dataclass
+class StepRecord:
+    """One decision of ``B`` sub-envs, as the rollout records it (each field ``[B, ...]``): the
+    per-step fields of ``Trajectory``, which ``Trajectory.stack`` stacks by name."""
+
+    forward_inputs: Dict[str, Any]
+    actions: Any
+    logprobs: Any
+    values: Any
+    versions: Any
+    rewards: Any = None
+    dones: Any = None
+    bootstrap_values: Any = None
+    loss_mask: Any = None
+
+
 @dataclass
 class Trajectory:
     """Rollout -> actor: ``T`` consecutive decisions of ``B`` sub-envs (torch tensors, CPU).
@@ -124,17 +177,17 @@ class Trajectory:
     merges them into the run's one normaliser).
     """
 
-    forward_inputs: Dict[str, Any]  # each [T, B, ...]
-    actions: Any  # [T, B, C, A]
-    logprobs: Any  # [T, B]
-    values: Any  # [T, B]
-    rewards: Any  # [T, B]
-    dones: Any  # [T, B] bool
-    bootstrap_values: Any  # [T, B]
-    loss_mask: Any  # [T, B] bool
-    versions: Any  # [T, B] int64
-    next_values: Any  # [B]
-    obs_moments: Dict[str, Any] = field(default_factory=dict)
+    forward_inputs: Dict[str, Any] = field(metadata=PER_STEP)  # each [T, B, ...]
+    actions: Any = field(metadata=PER_STEP)  # [T, B, C, A]
+    logprobs: Any = field(metadata=PER_STEP)  # [T, B]
+    values: Any = field(metadata=PER_STEP)  # [T, B]
+    rewards: Any = field(metadata=PER_STEP)  # [T, B]
+    dones: Any = field(metadata=PER_STEP)  # [T, B] bool
+    bootstrap_values: Any = field(metadata=PER_STEP)  # [T, B]
+    loss_mask: Any = field(metadata=PER_STEP)  # [T, B] bool
+    versions: Any = field(metadata=PER_STEP)  # [T, B] int64
+    next_values: Any = field(metadata=PER_ENV)  # [B]
+    obs_moments: Dict[str, Any] = field(default_factory=dict, metadata=UNBATCHED)
 
     @property
     def num_steps(self) -> int:
@@ -145,35 +198,47 @@ class Trajectory:
         return int(self.rewards.shape[1])
 
     @classmethod
-    def concat(cls, parts: List["Trajectory"]) -> "Trajectory":
-        """Concatenate shards or streams along the env dimension (moments are not carried over:
-        the actor merges each part's moments on its own)."""
-        values: Dict[str, Any] = {}
+    def batched_fields(cls, metadata: Optional[dict] = None) -> List[dataclasses.Field]:
+        """The fields with a sub-env dimension (only those of ``metadata``'s layout when given)."""
+        return [f for f in dataclasses.fields(cls) if f.metadata["env_dim"] is not None
+                and (metadata is None or f.metadata["env_dim"] == metadata["env_dim"])]
+
+    @classmethod
+    def stack(cls, steps: List[StepRecord], next_values: Any, obs_moments: Optional[dict] = None) -> "Trajectory":
+        """``T`` step records -> a trajectory (every per-step field stacked along a new dim 0)."""
         import torch
 
-        for f in dataclasses.fields(cls):
-            if f.name == "forward_inputs":
-                values[f.name] = {k: torch.cat([p.forward_inputs[k] for p in parts], dim=1)
-                                  for k in parts[0].forward_inputs}
-            elif f.name != "obs_moments":
-                dim = 0 if f.name == "next_values" else 1
-                values[f.name] = torch.cat([getattr(p, f.name) for p in parts], dim=dim)
-        return cls(**values)
+        per_step = {f.name: _zip_tree(torch.stack, [getattr(s, f.name) for s in steps])
+                    for f in cls.batched_fields(PER_STEP)}
+        return cls(**per_step, next_values=next_values, obs_moments=dict(obs_moments or {}))
+
+    def map(self, fn: Callable[[Any, int], Any]) -> "Trajectory":
+        """A trajectory with ``fn(tensor, env_dim)`` applied to every batched tensor; moments kept."""
+        return dataclasses.replace(self, **{
+            f.name: _map_tree(lambda t, d=f.metadata["env_dim"]: fn(t, d), getattr(self, f.name))
+            for f in self.batched_fields()})
+
+    @classmethod
+    def concat(cls, parts: List["Trajectory"]) -> "Trajectory":
+        """Concatenate shards or streams along the sub-env dimension (moments are not carried over:
+        the actor merges each part's moments on its own)."""
+        import torch
+
+        return cls(**{f.name: _zip_tree(lambda ts, d=f.metadata["env_dim"]: torch.cat(ts, dim=d),
+                                        [getattr(p, f.name) for p in parts])
+                      for f in cls.batched_fields()})
 
     def split(self, num_shards: int) -> List["Trajectory"]:
-        """Split along the env dimension into ``num_shards`` equal parts (one per actor rank)."""
+        """Split along the sub-env dimension into ``num_shards`` equal parts (one per actor rank);
+        every shard carries the moments (each actor rank keeps the same normaliser)."""
         if self.num_envs % num_shards:
             raise ValueError(f"{self.num_envs} envs do not split into {num_shards} actor shards")
         size = self.num_envs // num_shards
-        shards = []
-        for i in range(num_shards):
-            sl = slice(i * size, (i + 1) * size)
-            per_env = {f.name: getattr(self, f.name)[:, sl] for f in dataclasses.fields(self)
-                       if f.name not in ("forward_inputs", "next_values", "obs_moments")}
-            shards.append(dataclasses.replace(
-                self, forward_inputs={k: v[:, sl] for k, v in self.forward_inputs.items()},
-                next_values=self.next_values[sl], **per_env))
-        return shards
+
+        def rows(i: int):
+            return lambda t, dim: t.narrow(dim, i * size, size)
+
+        return [self.map(rows(i)) for i in range(num_shards)]
 
 
 @dataclass

@@ -6,20 +6,27 @@ import json
 import math
 import os
 import sys
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 
-def pool_env_metrics(parts, interval_s: float) -> Dict[str, float]:
-    """Pool the per-env-worker sums into DESIGN.md metric names."""
-    total = lambda key: sum(p.get(key, 0.0) for p in parts)  # noqa: E731
-    episodes, steps = total("episodes"), total("env_steps")
-    out = {"env/env_steps": steps, "env/episodes": episodes, "env/nonfinite_dropped": total("nonfinite_dropped"),
-           "time/env": total("time_env") / max(len(parts), 1),
-           "throughput/env_steps_per_s": steps / interval_s if interval_s > 0 else 0.0}
-    # no episode finished in this interval: the rates are undefined (null in metrics.jsonl)
-    per_episode = (lambda key: total(key) / episodes) if episodes else (lambda key: float("nan"))  # noqa: E731
-    out.update({"env/success_rate": per_episode("success_sum"), "env/episode_return": per_episode("return_sum"),
-                "env/episode_len": per_episode("len_sum")})
+# Per-episode means of the env workers: pooled weighted by each worker's finished episodes.
+EPISODE_MEANS = ("env/success_rate", "env/episode_return", "env/episode_len")
+
+
+def pool_env_metrics(parts: List[Dict[str, float]], interval_s: float) -> Dict[str, float]:
+    """Pool the env workers' metrics: ``time/*`` averaged over workers, per-episode means weighted
+    by their episodes, every other count added up; plus the interval's throughput."""
+    episodes = sum(p["env/episodes"] for p in parts)
+    out: Dict[str, float] = {}
+    for key in parts[0]:
+        if key.startswith("time/"):
+            out[key] = sum(p[key] for p in parts) / len(parts)
+        elif key in EPISODE_MEANS:
+            out[key] = (sum(p[key] * p["env/episodes"] for p in parts if p["env/episodes"]) / episodes
+                        if episodes else float("nan"))
+        else:
+            out[key] = sum(p[key] for p in parts)
+    out["throughput/env_steps_per_s"] = out["env/env_steps"] / interval_s if interval_s > 0 else 0.0
     return out
 
 

@@ -1,95 +1,121 @@
-"""Name -> builder registries for policies and environments.
+"""Policy and env families: discovered as plugins, looked up by name, built lazily.
 
-The framework never imports ``models/`` or ``envs/`` directly. Each known name maps to the module
-that registers it; that module is imported only when a config asks for the name, so the heavy
-imports (simulators, transformers) happen inside the worker that needs them.
+A family is its config class: a subclass of ``ModelConfig`` (policies) or ``EnvConfig`` (envs)
+whose ``name`` default is the family name and whose ``builder`` names the callable that builds it.
+Families are found through Python entry points, so an installed package adds one without
+touching this repository::
+
+    [project.entry-points."embodied_async.policies"]
+    my_policy = "my_package.configuration_my_policy:MyPolicyConfig"
+
+(``embodied_async.envs`` for env families). The entry point names a light module (dataclasses
+only): every registered family's config is loaded at start-up to type-check the YAML, while the
+builder's module (torch models, simulators) is imported only inside the worker that builds it.
+``register_family`` adds one in this process only (tests, notebooks).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Dict, Optional
+import importlib.metadata
+from typing import Any, Callable, Dict, Optional
 
-# Names a config may use, and the module whose import registers each one.
-KNOWN_ENVS: Dict[str, str] = {
-    "maniskill": "envs.maniskill",
-}
-KNOWN_MODELS: Dict[str, str] = {
-    "mlp": "models.mlp",
-    "cnn": "models.cnn",
-    "openvla": "models.openvla",
-}
+from embodied_async.config.checks import ConfigError
+from embodied_async.config.schema import EnvConfig, ModelConfig
+from embodied_async.contracts import Env, Policy, missing_members
 
-_ENV_BUILDERS: Dict[str, Callable] = {}
-_MODEL_BUILDERS: Dict[str, Callable] = {}
+ENTRY_POINT_GROUPS = {"model": "embodied_async.policies", "env": "embodied_async.envs"}
+BASE_CONFIGS = {"model": ModelConfig, "env": EnvConfig}
+PROTOCOLS = {"model": Policy, "env": Env}
+KINDS = {"model": "policy", "env": "env"}
 
-
-def register_env(name: str, module: str | None = None) -> Callable:
-    """Decorator: register an env builder ``builder(env_cfg, num_envs, seed, rank) -> Env``."""
-
-    def decorator(builder: Callable) -> Callable:
-        _ENV_BUILDERS[name] = builder
-        if module is not None:
-            KNOWN_ENVS.setdefault(name, module)
-        else:
-            KNOWN_ENVS.setdefault(name, builder.__module__)
-        return builder
-
-    return decorator
+_registered: Dict[str, Dict[str, type]] = {"model": {}, "env": {}}
+_discovered: Optional[Dict[str, Dict[str, type]]] = None
+_broken: Dict[str, Dict[str, str]] = {"model": {}, "env": {}}  # entry points that failed to load
 
 
-def register_model(name: str, module: str | None = None) -> Callable:
-    """Decorator: register a policy builder ``builder(model_cfg, env_spec) -> Policy``."""
+def _check_family_class(section: str, name: str, cls: Any, origin: str) -> type:
+    base = BASE_CONFIGS[section]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{origin} must be a dataclass subclassing {base.__module__}.{base.__name__}, got {cls!r}")
+    default_name = getattr(cls(), "name", None)
+    if default_name != name:
+        raise TypeError(f"{origin}: {cls.__name__}.name defaults to {default_name!r}; it must default to the "
+                        f"family name {name!r}")
+    if ":" not in (cls.builder or ""):
+        raise TypeError(f"{origin}: {cls.__name__}.builder must name the builder as 'module:callable'")
+    return cls
 
-    def decorator(builder: Callable) -> Callable:
-        _MODEL_BUILDERS[name] = builder
-        KNOWN_MODELS.setdefault(name, module or builder.__module__)
-        return builder
 
-    return decorator
+def register_family(section: str, config_cls: type) -> type:
+    """Register ``config_cls`` as family ``config_cls().name`` of ``section`` ("model" or "env") in
+    this process. Returns the class, so it can decorate it."""
+    name = config_cls().name
+    _registered[section][name] = _check_family_class(section, name, config_cls, f"family {name!r}")
+    return config_cls
 
 
-def _import_family(kind: str, name: str, known: Dict[str, str]) -> None:
-    """Import the module that registers ``name`` (its builder and, where it has one, its check)."""
+def _discover() -> Dict[str, Dict[str, type]]:
+    found: Dict[str, Dict[str, type]] = {"model": {}, "env": {}}
+    for section, group in ENTRY_POINT_GROUPS.items():
+        _broken[section].clear()
+        for entry in importlib.metadata.entry_points(group=group):
+            origin = f"entry point '{entry.name} = {entry.value}' (group {group})"
+            try:
+                found[section][entry.name] = _check_family_class(section, entry.name, entry.load(), origin)
+            except Exception as err:  # a broken plugin fails only the runs that ask for it
+                _broken[section][entry.name] = f"{origin} could not be loaded: {type(err).__name__}: {err}"
+    return found
+
+
+def families(section: str, refresh: bool = False) -> Dict[str, type]:
+    """Every family of ``section`` ("model" or "env"): name -> config class."""
+    global _discovered
+    if _discovered is None or refresh:
+        _discovered = _discover()
+    return {**_discovered[section], **_registered[section]}
+
+
+def family_config(section: str, name: Any) -> type:
+    """The config class of family ``name``; a ConfigError naming the registered ones otherwise."""
+    known = families(section)
     if name not in known:
-        raise KeyError(f"unknown {kind} '{name}'; registered {kind}s: {', '.join(sorted(known))}")
-    importlib.import_module(known[name])
+        known = families(section, refresh=True)  # a package installed since the last look
+    if name in known:
+        return known[name]
+    if name in _broken[section]:
+        raise ConfigError(f"{section}.name={name!r}: {_broken[section][name]}")
+    kind = KINDS[section]
+    what = f"{section}.name is not set" if name in (None, "???") else f"{section}.name={name!r} is not a registered {kind} family"
+    raise ConfigError(
+        f"{what}; registered: {', '.join(sorted(known)) or 'none'}. Set {section}.name to one of them (or compose "
+        f"a {section} config from configs/{section}/); a new family registers its config class under the entry "
+        f"point group '{ENTRY_POINT_GROUPS[section]}' (examples/embodiment/README.md, 'Add a policy or an env')")
 
 
-def _lookup(kind: str, name: str, known: Dict[str, str], builders: Dict[str, Callable]) -> Callable:
-    if name not in builders:
-        _import_family(kind, name, known)
-        if name not in builders:
-            raise KeyError(f"module '{known[name]}' did not register {kind} '{name}'")
-    return builders[name]
+def _builder(section: str, cfg: Any) -> Callable:
+    module, _, attr = type(cfg).builder.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"{section}.name={cfg.name}: its builder '{type(cfg).builder}' cannot be imported "
+                          f"({type(err).__name__}: {err})") from err
 
 
-def env_builder(name: str) -> Callable:
-    return _lookup("env", name, KNOWN_ENVS, _ENV_BUILDERS)
+def _checked(section: str, cfg: Any, built: Any) -> Any:
+    missing = missing_members(built, PROTOCOLS[section])
+    if missing:
+        protocol = PROTOCOLS[section].__name__
+        raise TypeError(f"{section}.name={cfg.name}: the object built by '{type(cfg).builder}' lacks "
+                        f"{', '.join(missing)} of the {protocol} protocol (embodied_async/contracts.py)")
+    return built
 
 
-def model_builder(name: str) -> Callable:
-    return _lookup("model", name, KNOWN_MODELS, _MODEL_BUILDERS)
+def build_policy(model_cfg: ModelConfig, env_spec) -> Policy:
+    """The policy ``model_cfg``'s family builds for ``env_spec``, checked against ``Policy``."""
+    return _checked("model", model_cfg, _builder("model", model_cfg)(model_cfg, env_spec))
 
 
-# Start-up config checks a family may register: ``check(section_cfg) -> None`` raising ValueError
-# (the message says what is wrong and how to fix it). ``validate.check`` calls them before any
-# worker starts, so a family can reject what only it knows (e.g. a simulator's task ids).
-_ENV_CHECKS: Dict[str, Callable] = {}
-
-
-def register_env_check(name: str) -> Callable:
-    """Decorator: register ``check(env_cfg) -> None`` (raises ValueError) for env family ``name``."""
-
-    def decorator(check: Callable) -> Callable:
-        _ENV_CHECKS[name] = check
-        return check
-
-    return decorator
-
-
-def env_config_check(name: str) -> Optional[Callable]:
-    """The config check env family ``name`` registered, or None; imports the family lazily."""
-    if name not in _ENV_CHECKS:
-        _import_family("env", name, KNOWN_ENVS)
-    return _ENV_CHECKS.get(name)
+def build_env(env_cfg: EnvConfig, num_envs: int, seed: int) -> Env:
+    """``num_envs`` sub-envs of ``env_cfg``'s family, checked against ``Env``."""
+    return _checked("env", env_cfg, _builder("env", env_cfg)(env_cfg, num_envs, seed))

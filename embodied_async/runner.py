@@ -14,15 +14,15 @@ import shutil
 import signal
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from embodied_async.algorithms.rollout_store import rollout_capacity
+from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.checkpoint_io import CheckpointError, assert_no_pickle, verify_checkpoint, write_manifest
-from embodied_async.config import TrainConfig, resolve_placement
+from embodied_async.config import Topology, TrainConfig, resolve_topology
+from embodied_async.contracts import EnvSpec
 from embodied_async.metrics import MetricLogger, pool_env_metrics, print_progress, progress_line
-from embodied_async.scheduler.channel import create_channel
+from embodied_async.scheduler.channel import GraphChannels
 from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerGroup, init_ray, wait_all
 from embodied_async.workers.actor_worker import ActorWorker
 from embodied_async.workers.env_worker import EnvWorker
@@ -55,46 +55,29 @@ class Graph:
     env: WorkerGroup
     rollout: WorkerGroup
     actor: WorkerGroup
-    channels: list
-    env_spec: dict
+    channels: GraphChannels
+    env_spec: EnvSpec
 
     def groups(self) -> List[WorkerGroup]:
         return [self.env, self.rollout, self.actor]
 
 
-def build_graph(cfg: TrainConfig) -> Graph:
-    """Create channels and the three worker groups from the placement; start nothing yet."""
-    placement = resolve_placement(cfg)
-    backend, kind = cfg.cluster.backend, placement.device_kind
+def build_graph(cfg: TrainConfig, topology: Topology) -> Graph:
+    """Create channels and the three worker groups on the topology; start no loop yet."""
+    backend = cfg.cluster.backend
     if backend == "ray":
         init_ray(cfg.cluster.num_nodes)
-    env_ids, rollout_ids, actor_ids = (placement.ids(c) for c in ("env", "rollout", "actor"))
-    if backend == "local" and len(actor_ids) > 1:
-        raise ValueError("cluster.backend=local runs one actor rank; place actor on one id or use backend=ray")
-    run_id = uuid.uuid4().hex[:8]  # channel actors are named: keep runs in one Ray session apart
-    env_ch = create_channel(backend, f"env_outputs-{run_id}", maxsize=2)
-    action_ch = create_channel(backend, f"actions-{run_id}", maxsize=2)
-    # keyed by (rollout rank, stage, actor rank): one queue per stream and shard, as deep as the
-    # rollout may run ahead (the throttle keeps it there; a full queue is backpressure on top)
-    alg = cfg.algorithm
-    actor_ch = create_channel(backend, f"trajectories-{run_id}",
-                              maxsize=rollout_capacity(alg.rollout_store_size_per_rank, alg.staleness_threshold))
-    weight_ch = create_channel(backend, f"weights-{run_id}", maxsize=0)
-
-    env = WorkerGroup("env", EnvWorker, env_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
-        cfg=cfg, rank=r, num_ranks=len(env_ids), env_channel=env_ch, action_channel=action_ch))
+    channels = GraphChannels.create(backend, trajectory_depth=VersionGate.from_config(cfg.algorithm).capacity)
+    common = dict(cfg=cfg, topology=topology, channels=channels)
+    env = WorkerGroup("env", EnvWorker, topology, backend, kwargs_for=lambda r: dict(common, rank=r))
     env_spec = env.call_rank(0, "spec").result()
-    per_rollout = len(env_ids) // len(rollout_ids)
-    rollout = WorkerGroup("rollout", RolloutWorker, rollout_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
-        cfg=cfg, rank=r, env_spec=env_spec, env_ranks=list(range(r * per_rollout, (r + 1) * per_rollout)),
-        env_channel=env_ch, action_channel=action_ch, actor_channel=actor_ch, weight_channel=weight_ch,
-        actor_world_size=len(actor_ids)))
-    actor = WorkerGroup("actor", ActorWorker, actor_ids, backend, device_kind=kind, kwargs_for=lambda r: dict(
-        cfg=cfg, rank=r, world_size=len(actor_ids), env_spec=env_spec, actor_channel=actor_ch,
-        weight_channel=weight_ch, num_rollout_ranks=len(rollout_ids)))
+    rollout = WorkerGroup("rollout", RolloutWorker, topology, backend,
+                          kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec))
+    actor = WorkerGroup("actor", ActorWorker, topology, backend,
+                        kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec))
     host, port = actor.call_rank(0, "master_address").result()
     wait_all(actor.call("init_model", host, port))
-    return Graph(env, rollout, actor, [env_ch, action_ch, actor_ch, weight_ch], env_spec)
+    return Graph(env, rollout, actor, channels, env_spec)
 
 
 def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
@@ -139,8 +122,12 @@ def read_resume_state(resume_dir: Optional[str]) -> Dict:
 
 
 class Runner:
-    def __init__(self, cfg: TrainConfig):
+    """Drives one run. ``topology``: the one ``config.resolve`` returned with ``cfg`` (resolved
+    here when not given)."""
+
+    def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None):
         self.cfg = cfg
+        self.topology = topology if topology is not None else resolve_topology(cfg)
         self.log_path = cfg.runner.logger.log_path
         self.checkpoint_root = os.path.join(self.log_path, "checkpoints")
         self.state = read_resume_state(cfg.runner.resume_dir)
@@ -159,7 +146,7 @@ class Runner:
         cfg = self.cfg
         print(f"[runner] building workers (placement {dict(cfg.cluster.component_placement)}, "
               f"backend {cfg.cluster.backend})", flush=True)
-        self.graph = graph = build_graph(cfg)
+        self.graph = graph = build_graph(cfg, self.topology)
         if cfg.runner.resume_dir:
             try:
                 versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
@@ -197,8 +184,8 @@ class Runner:
         rollout_parts = wait_all(graph.rollout.call("pop_metrics"), watch=self.loops)
         record = dict(actor_metrics)
         record.update(pool_env_metrics(env_parts, interval_s))
-        record["time/rollout"] = sum(p["time_rollout"] for p in rollout_parts) / len(rollout_parts)
-        for channel, name in zip(graph.channels, ("env_outputs", "actions", "trajectories", "weights")):
+        record["time/rollout"] = sum(p["time/rollout"] for p in rollout_parts) / len(rollout_parts)
+        for name, channel in graph.channels.named().items():
             record[f"channel/{name}_qsize"] = float(channel.qsize())  # flat over a long run (scripts/soak.py)
         return record
 
@@ -280,7 +267,7 @@ class Runner:
             wait_all(self.loops, timeout=3)
         except Exception:
             pass
-        for channel in self.graph.channels:
+        for channel in self.graph.channels.named().values():
             try:
                 getattr(channel, "destroy", channel.close)()
             except Exception:
@@ -309,5 +296,5 @@ class Runner:
                 "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals}
 
 
-def run(cfg: TrainConfig) -> Dict[str, float]:
-    return Runner(cfg).run()
+def run(cfg: TrainConfig, topology: Optional[Topology] = None) -> Dict[str, float]:
+    return Runner(cfg, topology).run()

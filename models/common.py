@@ -1,11 +1,6 @@
 """Pieces shared by the small policies: running observation normalisation, MLPs, Gaussian heads.
 
-The Policy protocol (DESIGN.md):
-- ``predict(obs, mode) -> PolicyOutput``: ``mode`` "train" samples (and records observation
-  moments for the actor's normaliser), "eval" takes the deterministic action.
-- ``evaluate(forward_inputs, actions) -> (logprobs, entropy, values)`` with the same log-prob
-  semantics as ``predict`` (one log-prob per decision: summed over chunk and action dims).
-- ``value(obs) -> values`` for bootstrapping from final observations.
+What a policy must offer is the Policy protocol in ``embodied_async/contracts.py``.
 """
 
 from __future__ import annotations

@@ -21,19 +21,19 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def compose(config_name: str, overrides: list):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from embodied_async.config import to_train_config
+    from embodied_async.config import resolve
     from embodied_async.config.hydra_schema import register_schema
 
     register_schema()
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
-        return to_train_config(hydra_compose(config_name=config_name, overrides=overrides))
+        return resolve(hydra_compose(config_name=config_name, overrides=overrides))  # (config, topology)
 
 
 def measure(config_name: str, overrides: list, label: str) -> dict:
     from embodied_async.runner import run
 
     print(f"[benchmark] {label}: {' '.join(overrides)}", flush=True)
-    result = run(compose(config_name, overrides))
+    result = run(*compose(config_name, overrides))
     busy = {k: round(result[k], 2) for k in ("time/env", "time/rollout", "time/actor_training")}
     return {"env_steps": result["env_steps"], "wall_time_s": round(result["wall_time_s"], 2),
             "env_steps_per_s": round(result["env_steps"] / result["wall_time_s"], 1),

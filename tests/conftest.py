@@ -1,5 +1,6 @@
 """Shared test helpers: small configs built through the real schema and validation."""
 
+import copy
 import os
 import sys
 
@@ -30,8 +31,17 @@ SMALL = {
 
 
 def build_config(tmp_path, *overrides: str):
-    """SMALL + ``key=value`` overrides -> validated TrainConfig logging under ``tmp_path``."""
-    cfg = OmegaConf.merge(OmegaConf.create(SMALL), OmegaConf.from_dotlist(
+    """SMALL + ``key=value`` overrides -> validated TrainConfig logging under ``tmp_path``.
+
+    A ``model.name=`` or ``env.name=`` override naming another family drops SMALL's keys of that
+    section (they belong to its family; the env keeps num_envs, which every env has).
+    """
+    base = copy.deepcopy(SMALL)
+    for section, keep in (("model", {}), ("env", {"num_envs": base["env"]["num_envs"]})):
+        names = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{section}.name=")]
+        if names and names[-1] != base[section]["name"]:
+            base[section] = dict(keep)
+    cfg = OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(
         [f"runner.logger.log_path={tmp_path}/logs", "runner.logger.tensorboard=true", *overrides]))
     return to_train_config(cfg)
 

@@ -1,4 +1,4 @@
-"""Pure-torch RL algorithm pieces: GAE, decoupled PPO loss, staleness, the rollout store."""
+"""Pure-torch RL algorithm pieces: GAE, decoupled PPO loss, the version gate, the rollout store."""
 
 from embodied_async.algorithms.advantages import (
     compute_gae,
@@ -11,19 +11,18 @@ from embodied_async.algorithms.ppo_loss import (
     value_loss,
 )
 from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
-from embodied_async.algorithms.rollout_store import RolloutStore, rollout_capacity
-from embodied_async.algorithms.staleness import is_fresh, staleness
+from embodied_async.algorithms.rollout_store import RolloutStore
+from embodied_async.algorithms.version_gate import VersionGate, staleness
 
 __all__ = [
     "RolloutStore",
+    "VersionGate",
     "compute_gae",
     "decoupled_ppo_actor_loss",
     "explained_variance",
     "interpolate_proximal_logprobs",
-    "is_fresh",
     "masked_mean",
     "normalize_advantages",
-    "rollout_capacity",
     "staleness",
     "value_loss",
 ]

@@ -7,9 +7,10 @@ the world size, so N ranks on N shards give the same update as one rank on the w
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -34,10 +35,14 @@ class PPOBatch:
     def __len__(self) -> int:
         return int(self.actions.shape[0])
 
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "PPOBatch":
+        """A batch with ``fn`` applied to every tensor (those in ``forward_inputs`` too)."""
+        mapped = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return PPOBatch(**{name: {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
+                           for name, value in mapped.items()})
+
     def rows(self, index: torch.Tensor) -> "PPOBatch":
-        return PPOBatch({k: v[index] for k, v in self.forward_inputs.items()}, self.actions[index],
-                        self.behaviour_logprobs[index], self.old_values[index], self.advantages[index],
-                        self.returns[index], self.versions[index], self.loss_mask[index])
+        return self.map(lambda t: t[index])
 
 
 @dataclass
@@ -63,9 +68,7 @@ class UpdateSettings:
 
 
 def _to(device, batch: PPOBatch) -> PPOBatch:
-    move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-    return PPOBatch({k: move(v) for k, v in batch.forward_inputs.items()}, *(move(getattr(batch, f)) for f in (
-        "actions", "behaviour_logprobs", "old_values", "advantages", "returns", "versions", "loss_mask")))
+    return batch.map(lambda t: t.to(device, non_blocking=True))
 
 
 @torch.no_grad()
@@ -90,6 +93,33 @@ def _all_finite(loss_finite: bool, grad_norm: torch.Tensor, all_reduce_sum: Call
     """True when every rank's losses and the global gradient norm are finite (ranks agree)."""
     ok = torch.tensor([float(loss_finite and bool(torch.isfinite(grad_norm)))])
     return float(all_reduce_sum(ok)[0]) == world_size
+
+
+def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s: UpdateSettings,
+                      normalizer: float) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """The loss of one micro-batch (scaled by the minibatch's global ``normalizer``) and its
+    per-sample metrics. ``proximal``: recomputed log pi_p, or None to interpolate it by version."""
+    # ---- forward: current log-probs, entropy, values ----
+    logprobs, entropy, values = policy.evaluate(mc.forward_inputs, mc.actions)
+    logprobs, values = logprobs.float(), values.float()
+    if proximal is None:
+        proximal = interpolate_proximal_logprobs(mc.behaviour_logprobs, logprobs.detach(), mc.versions,
+                                                 s.version, s.version + 1)
+    # ---- losses: decoupled clipped policy loss, clipped Huber value loss, entropy ----
+    pg_loss, pg_metrics = decoupled_ppo_actor_loss(
+        logprobs, proximal, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, s.clip_ratio_low,
+        s.clip_ratio_high, s.clip_ratio_c, s.behave_weight_threshold, loss_normalizer=normalizer)
+    v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, s.value_clip, s.huber_delta,
+                                   mc.loss_mask, loss_normalizer=normalizer)
+    ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
+    loss = s.value_loss_coef * v_loss
+    if s.train_policy:
+        loss = loss + pg_loss - s.entropy_coef * ent
+    # ---- bookkeeping: per-sample means of the micro-batch ----
+    to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
+    pg_metrics["train/actor/policy_loss"] *= to_mean
+    v_metrics["train/critic/value_loss"] *= to_mean
+    return loss, {**pg_metrics, **v_metrics, "train/actor/entropy": float(ent.detach()) * to_mean}
 
 
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
@@ -117,31 +147,11 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             for mc_start in range(0, len(mb_index), s.micro_batch_size):
                 index = mb_index[mc_start:mc_start + s.micro_batch_size]
                 mc = _to(device, batch.rows(index))
-                # ---- forward: current log-probs, entropy, values ----
-                logprobs, entropy, values = policy.evaluate(mc.forward_inputs, mc.actions)
-                logprobs, values = logprobs.float(), values.float()
-                if proximal is not None:
-                    prox = proximal[index].to(device)
-                else:
-                    prox = interpolate_proximal_logprobs(mc.behaviour_logprobs, logprobs.detach(), mc.versions,
-                                                         s.version, s.version + 1)
-                # ---- losses: decoupled clipped policy loss, clipped Huber value loss, entropy ----
-                pg_loss, pg_metrics = decoupled_ppo_actor_loss(
-                    logprobs, prox, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, s.clip_ratio_low,
-                    s.clip_ratio_high, s.clip_ratio_c, s.behave_weight_threshold, loss_normalizer=normalizer)
-                v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, s.value_clip, s.huber_delta,
-                                               mc.loss_mask, loss_normalizer=normalizer)
-                ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
-                loss = s.value_loss_coef * v_loss
-                if s.train_policy:
-                    loss = loss + pg_loss - s.entropy_coef * ent
+                prox = proximal[index].to(device) if proximal is not None else None
+                loss, micro_metrics = _micro_batch_loss(policy, mc, prox, s, normalizer)
                 loss_finite &= bool(torch.isfinite(loss.detach()))
                 loss.backward()
-                # ---- bookkeeping: per-sample means of each micro-batch, averaged ----
-                to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
-                pg_metrics["policy_loss"] *= to_mean
-                v_metrics["value_loss"] *= to_mean
-                step_metrics.append({**pg_metrics, **v_metrics, "entropy": float(ent.detach()) * to_mean})
+                step_metrics.append(micro_metrics)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
@@ -154,10 +164,10 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                 for name, value in micro_metrics.items():
                     sums[name] += value
                     counts[name] += 1
-                epoch_kl += micro_metrics["proximal_approx_kl"]
+                epoch_kl += micro_metrics["train/actor/proximal_approx_kl"]
                 epoch_minibatches += 1
-            sums["grad_norm"] += float(grad_norm)
-            counts["grad_norm"] += 1
+            sums["train/actor/grad_norm"] += float(grad_norm)
+            counts["train/actor/grad_norm"] += 1
             optimizer.step()
         epochs_run += 1
         # ---- early stop once the policy moved too far from the proximal anchor ----
@@ -165,7 +175,10 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
         if s.target_kl is not None and s.train_policy and float(kl) > s.target_kl:
             break
 
-    metrics = {name: sums[name] / counts[name] for name in sums}
-    metrics["epochs"] = float(epochs_run)
-    metrics["nonfinite_skipped"] = float(nonfinite_skipped)
+    # an update whose every step was skipped as non-finite still reports its losses (as NaN)
+    metrics = {name: float("nan") for name in ("train/actor/policy_loss", "train/critic/value_loss",
+                                               "train/critic/value_clip_fraction")}
+    metrics.update({name: sums[name] / counts[name] for name in sums})
+    metrics["train/actor/epochs"] = float(epochs_run)
+    metrics["train/actor/nonfinite_skipped"] = float(nonfinite_skipped)
     return metrics

@@ -103,29 +103,22 @@ def decoupled_ppo_actor_loss(
         per_sample = clipped
         dual_active = torch.zeros_like(loss_mask)
 
-    if behave_weight_threshold is not None:
-        behav_masked = behav_weight > behave_weight_threshold
-    else:
-        behav_masked = torch.zeros_like(loss_mask)
+    no_mask = torch.zeros_like(loss_mask)
+    behav_masked = behav_weight > behave_weight_threshold if behave_weight_threshold is not None else no_mask
     effective_mask = loss_mask & ~behav_masked
 
     per_sample = behav_weight * per_sample
     loss = masked_mean(per_sample, effective_mask, loss_normalizer)
 
-    with torch.no_grad():
+    with torch.no_grad():  # the KLs are the low-variance estimator k3 = (r - 1) - log r
         metrics = {
-            "policy_loss": float(loss),
-            # Low-variance KL estimator k3 = (r - 1) - log r.
-            "proximal_approx_kl": float(
-                masked_mean((ratio - 1.0) - log_ratio, loss_mask)
-            ),
-            "behav_approx_kl": float(
-                masked_mean((behav_weight - 1.0) - log_behav_weight, loss_mask)
-            ),
-            "clip_fraction": _fraction(pg_loss2 > pg_loss1, loss_mask),
-            "dual_clip_fraction": _fraction(dual_active, loss_mask),
-            "behav_clip_fraction": _fraction(behav_masked, loss_mask),
-            "ratio_mean": float(masked_mean(ratio, loss_mask)),
+            "train/actor/policy_loss": float(loss),
+            "train/actor/proximal_approx_kl": float(masked_mean((ratio - 1.0) - log_ratio, loss_mask)),
+            "train/actor/behav_approx_kl": float(masked_mean((behav_weight - 1.0) - log_behav_weight, loss_mask)),
+            "train/actor/clip_fraction": _fraction(pg_loss2 > pg_loss1, loss_mask),
+            "train/actor/dual_clip_fraction": _fraction(dual_active, loss_mask),
+            "train/actor/behav_clip_fraction": _fraction(behav_masked, loss_mask),
+            "train/actor/ratio_mean": float(masked_mean(ratio, loss_mask)),
         }
     return loss, metrics
 
@@ -146,7 +139,7 @@ def value_loss(
     so the critic cannot profit from moving far from its rollout estimate.
 
     Returns:
-        (scalar loss, {"value_loss", "value_clip_fraction"}).
+        (scalar loss, {"train/critic/value_loss", "train/critic/value_clip_fraction"}).
     """
     if loss_mask is None:
         loss_mask = torch.ones_like(values, dtype=torch.bool)
@@ -167,7 +160,7 @@ def value_loss(
     loss = masked_mean(per_sample, loss_mask, loss_normalizer)
     with torch.no_grad():
         metrics = {
-            "value_loss": float(loss),
-            "value_clip_fraction": _fraction(clip_active, loss_mask),
+            "train/critic/value_loss": float(loss),
+            "train/critic/value_clip_fraction": _fraction(clip_active, loss_mask),
         }
     return loss, metrics

@@ -9,30 +9,17 @@ come from the actor's current version (lag 0).
 
 The store decides only from the trajectories' versions and the order they arrived in, never from
 timing, so every actor rank, fed the same streams, keeps, drops and trains on the same ones.
-A trajectory's version is that of its oldest step (a rollout may swap weights mid-trajectory);
-its lag is ``actor version - that``. One older than ``staleness_threshold`` versions is dropped.
-
-The rollout's throttle (see ``rollout_capacity``) counts what the actor acknowledged (consumed
-or dropped), so a dropped trajectory frees its slot instead of desynchronising the two.
+What is too stale, and how many fresh ones an update needs, is the version gate's rule
+(``version_gate.VersionGate``); the rollout's throttle follows the same gate.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence
 
-
-def rollout_capacity(size_per_stream: int, staleness_threshold: int) -> int:
-    """How many unacknowledged trajectories one stream may have in flight.
-
-    Acknowledgements arrive with new weights, ``size_per_stream`` per update. A trajectory started
-    with ``n`` others unacknowledged is trained on at most ``n // size_per_stream`` updates later,
-    so ``n < size_per_stream x (threshold + 1)`` keeps its lag within the threshold (in sync mode,
-    exactly one update's worth is collected, then the rollout waits for the new weights).
-    """
-    return size_per_stream * (staleness_threshold + 1)
+from embodied_async.algorithms.version_gate import VersionGate
 
 
 @dataclass
@@ -53,19 +40,10 @@ class StoreMetrics:
 class RolloutStore:
     """Per-stream FIFO queues of trajectories and the rule that picks an update's batch."""
 
-    def __init__(self, streams: Sequence[Hashable], size_per_stream: int, staleness_threshold: int,
-                 on_policy_min_ratio: float = 0.0):
-        if size_per_stream < 1:
-            raise ValueError(f"size_per_stream must be >= 1, got {size_per_stream}")
-        if staleness_threshold < 0:
-            raise ValueError(f"staleness_threshold must be >= 0, got {staleness_threshold}")
-        if not 0.0 <= on_policy_min_ratio <= 1.0:
-            raise ValueError(f"on_policy_min_ratio must be in [0, 1], got {on_policy_min_ratio}")
+    def __init__(self, streams: Sequence[Hashable], gate: VersionGate):
         self.streams = list(streams)
-        self.size = size_per_stream
-        self.threshold = staleness_threshold
-        # rounding guard: 0.5 x 2 must need exactly 1, not 2 after float error
-        self.fresh_needed = math.ceil(on_policy_min_ratio * size_per_stream - 1e-9)
+        self.gate = gate
+        self.size = gate.size_per_stream
         self.queues: Dict[Hashable, Deque[StoredTrajectory]] = {s: deque() for s in self.streams}
         # per stream: trajectories consumed or dropped since the start (the rollout's throttle)
         self.acknowledged: Dict[Hashable, int] = {s: 0 for s in self.streams}
@@ -76,7 +54,7 @@ class RolloutStore:
 
     def _drop_stale(self, version: int) -> None:
         for stream, queue in self.queues.items():
-            kept = deque(t for t in queue if version - t.version <= self.threshold)
+            kept = deque(t for t in queue if self.gate.accepts(version, t.version))
             dropped = len(queue) - len(kept)
             if dropped:
                 self.queues[stream] = kept
@@ -92,7 +70,7 @@ class RolloutStore:
         queue = self.queues[stream]
         stale = [i for i, t in enumerate(queue) if t.version < version]
         fresh = [i for i, t in enumerate(queue) if t.version >= version]
-        num_fresh = max(self.fresh_needed, self.size - len(stale))
+        num_fresh = max(self.gate.fresh_needed, self.size - len(stale))
         if len(fresh) < num_fresh:
             return None
         return sorted(stale[:self.size - num_fresh] + fresh[:num_fresh])
@@ -135,9 +113,11 @@ class RolloutStore:
         """Per update: trajectories per lag (0..threshold, always present), the max lag trained
         on, drops and waits for fresh data since the last pop."""
         m, self.metrics = self.metrics, StoreMetrics()
-        out = {f"trajectories_lag_{lag}": float(m.lag_counts.get(lag, 0)) for lag in range(self.threshold + 1)}
-        out["max_lag"] = float(max(m.lag_counts, default=0))
-        out["dropped_trajectories"] = float(m.dropped)
-        out["waited_for_fresh"] = float(m.waited_for_fresh)
-        out["held_trajectories"] = float(self.held())
+        prefix = "train/rollout_store/"
+        out = {f"{prefix}trajectories_lag_{lag}": float(m.lag_counts.get(lag, 0))
+               for lag in range(self.gate.staleness_threshold + 1)}
+        out[f"{prefix}max_lag"] = float(max(m.lag_counts, default=0))
+        out[f"{prefix}dropped_trajectories"] = float(m.dropped)
+        out[f"{prefix}waited_for_fresh"] = float(m.waited_for_fresh)
+        out[f"{prefix}held_trajectories"] = float(self.held())
         return out

@@ -1,13 +1,18 @@
-"""The typed configuration schema: every default lives here, once.
+"""The typed configuration schema of what every run has: every default lives here, once.
 
-YAML files in ``configs/`` only compose and override these values; ``validate.py`` merges them
-into this schema so that an unknown key or a value of the wrong type fails at start-up.
+The ``model`` and ``env`` sections hold a policy family's and an env family's own config: a
+subclass of ``ModelConfig`` / ``EnvConfig`` that the family declares next to its code and
+registers (``embodied_async.registry``). YAML files in ``configs/`` only compose and override
+these values; ``validate.py`` merges them into the schema so that an unknown key or a value of the
+wrong type fails at start-up, naming the key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import ClassVar, Dict, Optional
+
+from omegaconf import MISSING
 
 
 @dataclass
@@ -29,67 +34,57 @@ class ClusterConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = "maniskill"
-    task_id: str = "PushCube-v1"
+    """What every env family's config has; a family subclasses it next to its code
+    (``envs/<family>/configuration_<family>.py``) with its own keys, and registers the subclass.
+
+    The framework reads only these fields. ``builder`` names the callable that builds the env:
+    ``builder(env_cfg, num_envs, seed) -> Env`` (``embodied_async.contracts.Env``).
+    """
+
+    name: str = MISSING  # the family: a registered name (registry.families("env"))
     # sub-environments over all env worker processes (split evenly between them and their stages)
     num_envs: int = 16
-    obs_mode: str = "state"  # "state" | "rgb"
-    control_mode: Optional[str] = "pd_joint_delta_pos"
-    sim_backend: str = "cpu"  # "cpu": one scene per sub-env, stepped in turn; "gpu": batched
-    max_episode_steps: int = 50
-    reward_mode: str = "normalized_dense"
-    image_size: List[int] = field(default_factory=lambda: [128, 128])  # [height, width]
-    # ManiSkill's dense tasks end the episode at success while the reward would keep paying:
-    # treating that end as terminal teaches the policy to hover short of the goal.
-    terminal_on_success: bool = False
+    # actions per decision: the env executes a chunk in order inside one step
     num_action_chunks: int = 1
     # >1 splits each env worker's sub-envs into stages so inference on one overlaps stepping of
     # the next.
     pipeline_stage_num: int = 1
-    # natural-language instruction; None derives it from the task id
-    instruction: Optional[str] = None
-    # extra keyword arguments for the simulator's constructor
-    extra_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # Whether ending at success is terminal (data.bootstrap_flags, the rule every family applies).
+    # Dense tasks that end at success while the reward would keep paying must bootstrap there:
+    # treating that end as terminal teaches the policy to hover short of the goal.
+    terminal_on_success: bool = False
     # a float observation or reward beyond this magnitude is treated like a NaN: the sample is
     # dropped from the loss, counted in env/nonfinite_dropped and the sub-env reset (a finite but
     # absurd value would otherwise skew the observation statistics of the whole run)
     max_abs_value: float = 1.0e6
 
+    builder: ClassVar[str] = ""  # "module:callable"
 
-@dataclass
-class LoraConfig:
-    enabled: bool = False
-    rank: int = 32
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: List[str] = field(default_factory=lambda: ["all-linear"])
+    def check(self) -> None:
+        """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).
+        Called after the framework's checks; may import the simulator."""
 
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"
-    hidden_sizes: List[int] = field(default_factory=lambda: [256, 256, 256])
-    activation: str = "tanh"  # "tanh" | "relu" | "gelu"
-    init_log_std: float = -0.5
-    normalize_obs: bool = True
-    # cnn: conv channels of the image encoder and the size of its feature vector
-    cnn_channels: List[int] = field(default_factory=lambda: [16, 32, 32])
-    cnn_feature_dim: int = 256
-    # large models: a local folder or a Hugging Face repo id, precision, memory savers
-    path: Optional[str] = None
-    precision: str = "float32"  # "float32" | "bfloat16"
-    gradient_checkpointing: bool = False
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    # vision-language-action models (openvla): which norm_stats entry un-normalises actions,
-    # sampling over the action tokens, the value head, and what the trajectory stores per step
-    unnorm_key: Optional[str] = None
-    temperature: float = 1.0
-    top_k: Optional[int] = None
-    value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
-    store_raw_images: bool = False  # uint8 images instead of float pixel values (smaller)
-    # build a tiny random-init checkpoint at model.path when that folder does not exist yet
-    # (CPU smoke runs and tests: it is saved in the official format and loaded back by path)
-    tiny_random_init: bool = False
+    """What every policy family's config has; a family subclasses it next to its code
+    (``models/<family>/configuration_<family>.py``) with its own keys, and registers the subclass.
+
+    ``builder`` names the callable that builds the policy:
+    ``builder(model_cfg, env_spec) -> Policy`` (``embodied_async.contracts.Policy``).
+    """
+
+    name: str = MISSING  # the family: a registered name (registry.families("model"))
+    # "float32" | "bfloat16": the actor's compute precision (FSDP mixed precision); trainable
+    # parameters stay float32
+    precision: str = "float32"
+
+    builder: ClassVar[str] = ""  # "module:callable"
+    # the recipe to suggest when a GPU recipe of this family meets a machine without GPUs
+    cpu_recipe: ClassVar[Optional[str]] = None
+
+    def check(self) -> None:
+        """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from embodied_async.scheduler.channel import (
     ChannelClosed,
     ChannelFuture,
+    GraphChannels,
     LocalChannel,
     RayChannel,
     create_channel,
 )
 from embodied_async.scheduler.placement import (
-    Placement,
     PlacementError,
     detect_num_gpus,
     parse_device_ids,
@@ -18,8 +18,8 @@ from embodied_async.scheduler.placement import (
 __all__ = [
     "ChannelClosed",
     "ChannelFuture",
+    "GraphChannels",
     "LocalChannel",
-    "Placement",
     "PlacementError",
     "RayChannel",
     "create_channel",

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
 import uuid
 from collections import deque
-from typing import Any, Callable, Hashable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, Optional
 
-__all__ = ["ChannelClosed", "ChannelFuture", "LocalChannel", "RayChannel", "create_channel"]
+__all__ = ["ChannelClosed", "ChannelFuture", "GraphChannels", "LocalChannel", "RayChannel", "create_channel"]
 
 _OK, _TIMEOUT, _CLOSED = "ok", "timeout", "closed"
 
@@ -420,3 +422,30 @@ def create_channel(backend: str, name: str, maxsize: int = 0):
     if backend == "local":
         return LocalChannel(maxsize, name=name)
     raise ValueError(f"unknown channel backend {backend!r}; use 'ray' or 'local'")
+
+
+@dataclass
+class GraphChannels:
+    """The four channels of the graph, one message type each (``embodied_async.data``):
+
+    - ``env_outputs``: env -> rollout ``EnvOutput``, keyed ``(env rank, stage)``;
+    - ``actions``: rollout -> env ``ActionMessage``, keyed ``(env rank, stage)``;
+    - ``trajectories``: rollout -> actor ``Trajectory`` shards, keyed ``(rollout rank, stage,
+      actor rank)``, each as deep as the version gate lets a stream run ahead;
+    - ``weights``: actor -> rollout ``WeightMessage``, keyed by rollout rank.
+    """
+
+    env_outputs: Any
+    actions: Any
+    trajectories: Any
+    weights: Any
+
+    @classmethod
+    def create(cls, backend: str, trajectory_depth: int) -> "GraphChannels":
+        run_id = uuid.uuid4().hex[:8]  # Ray channel actors are named: keep runs in one session apart
+        depths = {"env_outputs": 2, "actions": 2, "trajectories": trajectory_depth, "weights": 0}
+        return cls(**{name: create_channel(backend, f"{name}-{run_id}", maxsize=depth)
+                      for name, depth in depths.items()})
+
+    def named(self) -> Dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

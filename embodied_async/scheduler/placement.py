@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 __all__ = [
-    "Placement",
     "PlacementError",
     "detect_num_gpus",
     "parse_device_ids",
@@ -104,6 +102,32 @@ def _describe_count(n: int) -> str:
     return f"{n} GPUs (ids 0-{n - 1})"
 
 
+def _component_groups(mapping: Mapping, required: Sequence[str], allowed: List[str], source: str) -> list:
+    """``(key, component names, spec)`` per entry of ``mapping``, each component placed exactly once."""
+    groups = []
+    placed: Dict[str, str] = {}  # component -> the key that placed it, for duplicate messages
+    for key, spec in mapping.items():
+        if not isinstance(key, str):
+            raise PlacementError(f"{source} key {key!r} must be a string of component names")
+        names = [name.strip() for name in key.split(",")]
+        for name in names:
+            if not name:
+                raise PlacementError(f"{source} key {key!r} has an empty component name")
+            if name not in allowed:
+                raise PlacementError(f"{source} key {key!r} names unknown component {name!r}; "
+                                     f"allowed components: {', '.join(allowed)}")
+            if name in placed:
+                raise PlacementError(f"{source} places component {name!r} twice (in {placed[name]!r} and "
+                                     f"{key!r}); each component must be placed exactly once")
+            placed[name] = key
+        groups.append((key, names, spec))
+    missing = [name for name in required if name not in placed]
+    if missing:
+        raise PlacementError(f"{source} does not place component(s) {', '.join(missing)}; add e.g. "
+                             f"{{'{','.join(missing)}': '0'}} (required components: {', '.join(required)})")
+    return groups
+
+
 def parse_placement(
     mapping: Mapping,
     num_devices: Optional[int] = None,
@@ -135,33 +159,7 @@ def parse_placement(
         num_devices = os.cpu_count() or 1
 
     # Check the names first: a misspelt component is the likeliest mistake and the cheapest fix.
-    groups = []
-    placed: Dict[str, str] = {}  # component -> the key that placed it, for duplicate messages
-    for key, spec in mapping.items():
-        if not isinstance(key, str):
-            raise PlacementError(f"{source} key {key!r} must be a string of component names")
-        names = [name.strip() for name in key.split(",")]
-        for name in names:
-            if not name:
-                raise PlacementError(f"{source} key {key!r} has an empty component name")
-            if name not in allowed_names:
-                raise PlacementError(
-                    f"{source} key {key!r} names unknown component {name!r}; "
-                    f"allowed components: {', '.join(allowed_names)}"
-                )
-            if name in placed:
-                raise PlacementError(
-                    f"{source} places component {name!r} twice (in {placed[name]!r} and "
-                    f"{key!r}); each component must be placed exactly once"
-                )
-            placed[name] = key
-        groups.append((key, names, spec))
-    missing = [name for name in required if name not in placed]
-    if missing:
-        raise PlacementError(
-            f"{source} does not place component(s) {', '.join(missing)}; add e.g. "
-            f"{{'{','.join(missing)}': '0'}} (required components: {', '.join(required)})"
-        )
+    groups = _component_groups(mapping, required, allowed_names, source)
 
     if device_kind == "gpu" and num_devices == 0:
         raise PlacementError(
@@ -185,39 +183,6 @@ def parse_placement(
         for name in names:
             result[name] = list(ids)
     return result
-
-
-@dataclass
-class Placement:
-    """A parsed placement: device ids per component, and whether the ids are GPUs or CPU slots."""
-
-    components: Dict[str, List[int]] = field(default_factory=dict)
-    device_kind: str = "gpu"
-
-    @classmethod
-    def from_config(
-        cls, mapping: Mapping, num_devices: Optional[int] = None, device_kind: str = "gpu", **kw
-    ) -> "Placement":
-        """Parse ``mapping`` with :func:`parse_placement` (same arguments)."""
-        components = parse_placement(mapping, num_devices, device_kind, **kw)
-        return cls(components=components, device_kind=device_kind)
-
-    def ids(self, component: str) -> List[int]:
-        """Device ids of ``component``, in the order written."""
-        try:
-            return list(self.components[component])
-        except KeyError:
-            raise PlacementError(
-                f"component {component!r} is not placed; placed: {', '.join(self.components)}"
-            ) from None
-
-    def num_processes(self, component: str) -> int:
-        """Number of processes ``component`` runs as: one per device id."""
-        return len(self.ids(component))
-
-    def is_colocated(self, a: str, b: str) -> bool:
-        """True when components ``a`` and ``b`` share at least one device id."""
-        return bool(set(self.ids(a)) & set(self.ids(b)))
 
 
 def detect_num_gpus() -> int:

@@ -87,19 +87,20 @@ def _gpu_actor_options(device_id: int, slots: List[tuple]) -> Dict[str, Any]:
 
 
 class WorkerGroup:
-    """``len(device_ids)`` instances of ``cls``; ``kwargs_for(rank)`` gives each one's arguments."""
+    """One instance of ``cls`` per device id the topology gives component ``name``;
+    ``kwargs_for(rank)`` gives each one's arguments (``device_id`` is added)."""
 
-    def __init__(self, name: str, cls: type, device_ids: Sequence[int], backend: str,
-                 kwargs_for: Callable[[int], Dict[str, Any]], device_kind: str = "cpu"):
+    def __init__(self, name: str, cls: type, topology, backend: str, kwargs_for: Callable[[int], Dict[str, Any]]):
         self.name, self.backend = name, backend
-        self.device_ids = list(device_ids)
+        self.device_ids = topology.ids(name)
+        device_kind = topology.device_kind
         self.workers: List[Any] = []
         self._pools: List[concurrent.futures.ThreadPoolExecutor] = []
         slots = gpu_slots() if backend == "ray" and device_kind == "gpu" else []
         for rank, device_id in enumerate(self.device_ids):
             # on GPUs the worker sees its node-local index; on CPUs the id is just a process slot
             local_id = slots[device_id][1] if slots and device_id < len(slots) else device_id
-            kwargs = dict(kwargs_for(rank), device_kind=device_kind, device_id=local_id)
+            kwargs = dict(kwargs_for(rank), device_id=local_id)
             if backend == "ray":
                 import ray
 

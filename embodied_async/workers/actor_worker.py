@@ -17,10 +17,11 @@ import torch.distributed as dist
 from embodied_async.algorithms import compute_gae, explained_variance
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
+from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.checkpoint_io import load_tree, save_tree
 from embodied_async.data import Trajectory, WeightMessage
 from embodied_async.normalization import merge_observation_moments, normalizer_state
-from embodied_async.registry import model_builder
+from embodied_async.registry import build_policy
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import setup_worker_process
 
@@ -53,20 +54,16 @@ def owned_copy(obj):
 
 
 class ActorWorker:
-    def __init__(self, cfg, rank: int, world_size: int, device_kind: str, device_id: int, env_spec: dict,
-                 actor_channel, weight_channel, num_rollout_ranks: int):
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.device_kind = device_kind
-        self.device = setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker,
+    def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
+        self.cfg, self.rank, self.world_size = cfg, rank, topology.actor_world_size
+        self.device_kind = topology.device_kind
+        self.device = setup_worker_process(self.device_kind, device_id, cfg.cluster.cpu_threads_per_worker,
                                            cfg.runner.seed * 100_003 + 90_000 + rank)
         self.env_spec = env_spec
-        self.actor_channel, self.weight_channel = actor_channel, weight_channel
-        self.num_rollout_ranks = num_rollout_ranks
-        self.streams = [(r, s) for r in range(num_rollout_ranks) for s in range(cfg.env.pipeline_stage_num)]
+        self.actor_channel, self.weight_channel = channels.trajectories, channels.weights
+        self.num_rollout_ranks = topology.num_rollout_workers
         self.version = 0
-        alg = cfg.algorithm
-        self.store = RolloutStore(self.streams, alg.rollout_store_size_per_rank, alg.staleness_threshold,
-                                  alg.on_policy_min_ratio)
+        self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self._update_lock = threading.Lock()
 
@@ -88,7 +85,7 @@ class ActorWorker:
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
         torch.manual_seed(self.cfg.runner.seed)  # same initial weights on every rank
-        policy = model_builder(self.cfg.model.name)(self.cfg.model, self.env_spec).to(self.device)
+        policy = build_policy(self.cfg.model, self.env_spec).to(self.device)
         mesh = init_device_mesh("cuda" if self.device_kind == "gpu" else "cpu", (self.world_size,))
         mp = None
         if self.cfg.model.precision == "bfloat16":
@@ -163,11 +160,12 @@ class ActorWorker:
         alg = self.cfg.algorithm
         advantages, returns = compute_gae(traj.rewards, traj.values, traj.dones, traj.next_values,
                                           traj.bootstrap_values, alg.gamma, alg.gae_lambda)
-        flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731
-        batch = PPOBatch({k: flat(v) for k, v in traj.forward_inputs.items()}, flat(traj.actions),
-                         flat(traj.logprobs), flat(traj.values), flat(advantages), flat(returns),
-                         flat(traj.versions), flat(traj.loss_mask))
-        return batch, explained_variance(flat(traj.values), flat(returns), flat(traj.loss_mask))
+        flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731  [T, B, ...] -> [T * B, ...]
+        steps = traj.map(lambda t, env_dim: flat(t) if env_dim == 1 else t)
+        batch = PPOBatch(steps.forward_inputs, steps.actions, behaviour_logprobs=steps.logprobs,
+                         old_values=steps.values, advantages=flat(advantages), returns=flat(returns),
+                         versions=steps.versions, loss_mask=steps.loss_mask)
+        return batch, explained_variance(batch.old_values, batch.returns, batch.loss_mask)
 
     def _settings(self) -> UpdateSettings:
         alg, actor = self.cfg.algorithm, self.cfg.actor
@@ -203,17 +201,12 @@ class ActorWorker:
         metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
                              self.generator, self.device)
         versions = traj.versions.float()
-        out = {f"train/actor/{k}": v for k, v in metrics.items() if k not in ("value_loss", "value_clip_fraction")}
-        nan = float("nan")  # every step of an update may have been skipped as non-finite
-        out.update({"train/critic/value_loss": metrics.get("value_loss", nan),
-                    "train/critic/value_clip_fraction": metrics.get("value_clip_fraction", nan),
-                    "train/critic/explained_variance": explained,
-                    "train/actor/average_version": float(versions.mean()),
-                    "train/actor/current_version": float(self.version),
-                    "train/actor/staleness": float(self.version - versions.mean()),
-                    "train/actor/num_samples": float(batch.loss_mask.sum())})
-        for key, value in self.store.pop_metrics().items():
-            out[f"train/rollout_store/{key}"] = value
+        out = {**metrics, **self.store.pop_metrics(),
+               "train/critic/explained_variance": explained,
+               "train/actor/average_version": float(versions.mean()),
+               "train/actor/current_version": float(self.version),
+               "train/actor/staleness": float(self.version - versions.mean()),
+               "train/actor/num_samples": float(batch.loss_mask.sum())}
         self.version += 1
         self.publish_weights()
         out["time/actor_training"] = time.perf_counter() - start

@@ -7,8 +7,9 @@ from typing import Dict, List
 
 import numpy as np
 
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import ActionMessage, EnvOutput
-from embodied_async.registry import env_builder
+from embodied_async.registry import build_env
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
 
@@ -54,17 +55,14 @@ class EnvWorker:
     channel and takes ``ActionMessage`` from the action channel.
     """
 
-    def __init__(self, cfg, rank: int, num_ranks: int, device_kind: str, device_id: int,
-                 env_channel, action_channel):
+    def __init__(self, cfg, topology, rank: int, device_id: int, channels):
         self.cfg, self.rank = cfg, rank
         seed = cfg.runner.seed * 100_003 + rank * 1009
-        setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
-        stages = cfg.env.pipeline_stage_num
-        per_stage = cfg.env.num_envs // num_ranks // stages
-        build = env_builder(cfg.env.name)
-        self.envs = [build(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
+        setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
+        stages, per_stage = topology.stages, topology.envs_per_stage
+        self.envs = [build_env(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
         self.stats = [EpisodeStats(per_stage) for _ in range(stages)]
-        self.env_channel, self.action_channel = env_channel, action_channel
+        self.env_channel, self.action_channel = channels.env_outputs, channels.actions
         self.timer = BusyTimer()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -72,7 +70,7 @@ class EnvWorker:
         self._nonfinite = 0
         self._pending_puts = [None] * stages
 
-    def spec(self) -> dict:
+    def spec(self) -> EnvSpec:
         return self.envs[0].spec
 
     def _sanitize(self, stage: int, out: EnvOutput) -> EnvOutput:
@@ -136,7 +134,8 @@ class EnvWorker:
         self._stop.set()
 
     def pop_metrics(self) -> Dict[str, float]:
-        """Episode statistics and busy time since the last call (sums, so the runner can pool)."""
+        """Episode statistics and busy time since the last call (``metrics.pool_env_metrics`` pools
+        the workers: counts add up, per-episode means are weighted by ``env/episodes``)."""
         episodes = []
         with self._lock:
             for stats in self.stats:
@@ -144,12 +143,12 @@ class EnvWorker:
                 stats.finished = []
             steps, self._env_steps = self._env_steps, 0
             nonfinite, self._nonfinite = self._nonfinite, 0
-        out = {"env_steps": float(steps), "episodes": float(len(episodes)), "nonfinite_dropped": float(nonfinite),
-               "time_env": self.timer.pop().get("env", 0.0)}
-        if episodes:
-            returns, lengths, successes = zip(*episodes)
-            out.update(return_sum=float(np.sum(returns)), len_sum=float(np.sum(lengths)),
-                       success_sum=float(np.sum(successes)))
+        out = {"env/env_steps": float(steps), "env/episodes": float(len(episodes)),
+               "env/nonfinite_dropped": float(nonfinite), "time/env": self.timer.pop().get("env", 0.0)}
+        # no episode finished in this interval: the means are undefined (null in metrics.jsonl)
+        returns, lengths, successes = zip(*episodes) if episodes else ([np.nan],) * 3
+        out.update({"env/success_rate": float(np.mean(successes)), "env/episode_return": float(np.mean(returns)),
+                    "env/episode_len": float(np.mean(lengths))})
         return out
 
     def close(self) -> None:

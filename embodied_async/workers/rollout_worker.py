@@ -10,10 +10,10 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from embodied_async.algorithms.rollout_store import rollout_capacity
-from embodied_async.data import ActionMessage, EnvOutput, Trajectory, WeightMessage, concat_observations, slice_observation
+from embodied_async.algorithms.version_gate import VersionGate
+from embodied_async.data import ActionMessage, EnvOutput, StepRecord, Trajectory, WeightMessage, slice_observation
 from embodied_async.normalization import pop_observation_moments
-from embodied_async.registry import env_builder, model_builder
+from embodied_async.registry import build_env, build_policy
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
 
@@ -21,22 +21,9 @@ POLL_SECONDS = 0.5
 
 
 @dataclass
-class _Step:
-    forward_inputs: Dict[str, torch.Tensor]
-    actions: torch.Tensor
-    logprobs: torch.Tensor
-    values: torch.Tensor
-    version: int
-    rewards: Optional[torch.Tensor] = None
-    dones: Optional[torch.Tensor] = None
-    bootstrap_values: Optional[torch.Tensor] = None
-    loss_mask: Optional[torch.Tensor] = None
-
-
-@dataclass
 class _StageBuffer:
-    steps: List[_Step] = field(default_factory=list)
-    pending: Optional[_Step] = None  # the last decision, waiting for its outcome
+    steps: List[StepRecord] = field(default_factory=list)
+    pending: Optional[StepRecord] = None  # the last decision, waiting for its outcome
     started: int = 0  # trajectories begun on this stage
     acknowledged: int = 0  # of those, consumed or dropped by the actor (arrives with weights)
 
@@ -45,49 +32,28 @@ class _StageBuffer:
         return not self.steps and self.pending is None
 
 
-def merge_env_outputs(outputs: List[EnvOutput]) -> EnvOutput:
-    """Concatenate the outputs of several env workers (same stage) along the batch dimension."""
-    if len(outputs) == 1:
-        return outputs[0]
-    cat = lambda name: np.concatenate([getattr(o, name) for o in outputs])  # noqa: E731
-    final = None
-    if any(o.final_obs is not None for o in outputs):
-        final = concat_observations([o.final_obs if o.final_obs is not None else o.obs for o in outputs])
-    return EnvOutput(obs=concat_observations([o.obs for o in outputs]), rewards=cat("rewards"), dones=cat("dones"),
-                     bootstrap=cat("bootstrap"), successes=cat("successes"), valid=cat("valid"), final_obs=final)
-
-
-def stack_steps(steps: List[_Step], next_values: torch.Tensor) -> Trajectory:
-    per_step = {name: torch.stack([getattr(s, name) for s in steps]) for name in
-                ("actions", "logprobs", "values", "rewards", "dones", "bootstrap_values", "loss_mask")}
-    return Trajectory(
-        forward_inputs={k: torch.stack([s.forward_inputs[k] for s in steps]) for k in steps[0].forward_inputs},
-        versions=torch.tensor([[s.version] * s.values.shape[0] for s in steps], dtype=torch.int64),
-        next_values=next_values, **per_step)
-
-
 class RolloutWorker:
     """Serves the env workers ``env_ranks``; stage ``s`` of all of them forms one policy batch."""
 
-    def __init__(self, cfg, rank: int, device_kind: str, device_id: int, env_spec: dict, env_ranks: List[int],
-                 env_channel, action_channel, actor_channel, weight_channel, actor_world_size: int):
-        self.cfg, self.rank, self.env_ranks = cfg, rank, list(env_ranks)
+    def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
+        self.cfg, self.rank, self.env_ranks = cfg, rank, topology.env_ranks(rank)
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
-        self.device = setup_worker_process(device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
-        self.policy = model_builder(cfg.model.name)(cfg.model, env_spec).to(self.device).eval()
+        self.device = setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
+        self.policy = build_policy(cfg.model, env_spec).to(self.device).eval()
         torch.manual_seed(seed)  # each rollout rank draws its own exploration noise
-        self.env_channel, self.action_channel = env_channel, action_channel
-        self.actor_channel, self.weight_channel = actor_channel, weight_channel
-        self.actor_world_size = actor_world_size
+        self.env_channel, self.action_channel = channels.env_outputs, channels.actions
+        self.actor_channel, self.weight_channel = channels.trajectories, channels.weights
+        self.actor_world_size = topology.actor_world_size
+        self.envs_per_env_worker = topology.envs_per_stage  # each env worker's share of a stage's batch
         self.version = -1  # no weights yet: the actor publishes version 0 at start-up
-        self.buffers = [_StageBuffer() for _ in range(cfg.env.pipeline_stage_num)]
-        self.capacity = rollout_capacity(cfg.algorithm.rollout_store_size_per_rank, cfg.algorithm.staleness_threshold)
+        self.buffers = [_StageBuffer() for _ in range(topology.stages)]
+        self.gate = VersionGate.from_config(cfg.algorithm)
         self.timer = BusyTimer()
         self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
         self._stop = threading.Event()
         self._eval_env = None
         self._weight_future = None
-        self._pending_puts: List[list] = [[] for _ in range(cfg.env.pipeline_stage_num)]
+        self._pending_puts: List[list] = [[] for _ in range(topology.stages)]
 
     # ---- weights -------------------------------------------------------------------------
     def _load(self, message: WeightMessage) -> None:
@@ -126,18 +92,17 @@ class RolloutWorker:
         self._load(message)
 
     def _may_act(self, stage: int) -> bool:
-        """The throttle: a new trajectory begins only while fewer than ``capacity`` of this
-        stage's trajectories are unacknowledged by the actor (rollout_store.rollout_capacity says
-        why that bounds their lag by algorithm.staleness_threshold); one under way always goes on."""
+        """The throttle: a new trajectory begins only while the version gate allows it (which
+        bounds its lag by algorithm.staleness_threshold); one under way always goes on."""
         buf = self.buffers[stage]
         if self.version < 0:  # the actor publishes version 0 at start-up
             return False
-        return not buf.idle() or buf.started - buf.acknowledged < self.capacity
+        return not buf.idle() or self.gate.may_start(buf.started, buf.acknowledged)
 
     # ---- the loop ------------------------------------------------------------------------
     def _get_outputs(self, stage: int) -> EnvOutput:
         futures = [self.env_channel.get_async(key=(env_rank, stage)) for env_rank in self.env_ranks]
-        return merge_env_outputs([wait_future(f, self._stop, POLL_SECONDS) for f in futures])
+        return EnvOutput.concat([wait_future(f, self._stop, POLL_SECONDS) for f in futures])
 
     def _close_pending(self, buf: _StageBuffer, out: EnvOutput) -> None:
         step = buf.pending
@@ -159,8 +124,7 @@ class RolloutWorker:
         with self._policy_lock:
             next_values = self.policy.value(obs).float().cpu()
         self._check_finite(next_values=next_values)
-        trajectory = stack_steps(buf.steps, next_values)
-        trajectory.obs_moments = pop_observation_moments(self.policy)
+        trajectory = Trajectory.stack(buf.steps, next_values, pop_observation_moments(self.policy))
         buf.steps = []
         return trajectory.split(self.actor_world_size)
 
@@ -200,16 +164,16 @@ class RolloutWorker:
             with self._policy_lock:
                 result = self.policy.predict(out.obs, mode="train")
             self._check_finite(logprobs=result.logprobs, values=result.values)
-            buf.pending = _Step(
+            buf.pending = StepRecord(
                 forward_inputs={k: v.cpu() for k, v in result.forward_inputs.items()},
                 actions=result.actions.float().cpu(), logprobs=result.logprobs.float().cpu(),
-                values=result.values.float().cpu(), version=self.version,
-            )
+                values=result.values.float().cpu(),
+                versions=torch.full((out.num_envs,), self.version, dtype=torch.int64))
             actions = buf.pending.actions.numpy()
         # sent without waiting: the env answers before it can need the next actions
         for future in self._pending_puts[stage]:
             wait_future(future, self._stop, POLL_SECONDS)
-        size = out.num_envs // len(self.env_ranks)
+        size = self.envs_per_env_worker
         self._pending_puts[stage] = [
             self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size]), key=(env_rank, stage))
             for i, env_rank in enumerate(self.env_ranks)]
@@ -237,13 +201,13 @@ class RolloutWorker:
         self._stop.set()
 
     def pop_metrics(self) -> Dict[str, float]:
-        return {"time_rollout": self.timer.pop().get("rollout", 0.0), "version": float(self.version)}
+        return {"time/rollout": self.timer.pop().get("rollout", 0.0)}
 
     # ---- evaluation and state --------------------------------------------------------------
     def evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:
         """Deterministic actions on this worker's own eval envs; every sub-env runs the same count."""
         if self._eval_env is None:
-            self._eval_env = env_builder(self.cfg.env.name)(self.cfg.env, num_envs, 10_000_019 + self.cfg.runner.seed)
+            self._eval_env = build_env(self.cfg.env, num_envs, 10_000_019 + self.cfg.runner.seed)
         env, per_env = self._eval_env, num_episodes // num_envs
         with self._policy_lock:  # evaluate one version even if new weights arrive meanwhile
             policy, version = copy.deepcopy(self.policy), self.version

@@ -23,10 +23,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations
 
-OBS_MODES = ("state", "rgb")
-SIM_BACKENDS = ("cpu", "gpu")
+from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
+
 DOWNLOAD_COMMAND = "python -m mani_skill.utils.download_asset {} -y"
 
 # Hand-written instructions for common tasks (the Bridge twins report their own through
@@ -180,7 +181,7 @@ class ManiSkillEnv:
     ``EnvOutput``; finished sub-envs are auto-reset and their last observation is in ``final_obs``.
     """
 
-    def __init__(self, env_cfg, num_envs: int, seed: int = 0):
+    def __init__(self, env_cfg: ManiSkillConfig, num_envs: int, seed: int = 0):
         self.cfg = env_cfg
         self.num_envs = int(num_envs)
         self.task_id = env_cfg.task_id
@@ -237,15 +238,11 @@ class ManiSkillEnv:
         self._obs: Observation = {}  # GPU: current obs of all sub-envs
         self._main_cam: Optional[str] = None
         self._wrist_cam: Optional[str] = None
-        first = self.reset(seed=seed).obs
-        first.pop("task_descriptions")
-        self.spec: Dict[str, Any] = {
-            "obs_shapes": {k: tuple(v.shape[1:]) for k, v in first.items()},
-            "action_dim": int(self._low.shape[0]),
-            "num_action_chunks": int(env_cfg.num_action_chunks),
-            "action_low": self._low.tolist(),
-            "action_high": self._high.tolist(),
-        }
+        self.spec = EnvSpec.from_observation(
+            self.reset(seed=seed).obs, action_dim=int(self._low.shape[0]),
+            num_action_chunks=int(env_cfg.num_action_chunks), action_low=self._low.tolist(),
+            action_high=self._high.tolist(), instruction=self.instruction, reports_success=True,
+            reports_fail=True)
 
     def reset(self, seed: Optional[int] = None) -> EnvOutput:
         """Reset every sub-env (sub-env ``i`` gets ``seed + i``; None continues their RNGs)."""

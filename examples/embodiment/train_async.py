@@ -1,6 +1,7 @@
 """Hydra entry point: ``python examples/embodiment/train_async.py --config-name <recipe> [key=value ...]``.
 
-The composed config is validated against the typed schema before any worker starts.
+The composed config is validated against the typed schema (and each family's own config) and
+its topology resolved before any worker starts.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from embodied_async.config import ConfigError, to_train_config
+from embodied_async.config import ConfigError, resolve
 from embodied_async.config.hydra_schema import register_schema
 
 register_schema()
@@ -19,7 +20,7 @@ register_schema()
 @hydra.main(config_path="../../configs", config_name="maniskill_async_ppo_mlp", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
-        train_cfg = to_train_config(cfg)
+        train_cfg, topology = resolve(cfg)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -28,7 +29,7 @@ def main(cfg: DictConfig) -> None:
     from embodied_async.scheduler.worker_group import WorkerFailed
 
     try:
-        result = run(train_cfg)
+        result = run(train_cfg, topology)
     except KeyboardInterrupt:
         print("[train_async] stopped by Ctrl-C", file=sys.stderr, flush=True)
         sys.exit(130)

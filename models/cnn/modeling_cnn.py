@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
+from models.cnn.configuration_cnn import CNNConfig
 from models.common import ACTIVATIONS, GaussianHead, RunningNorm, as_tensor, layer_init, make_mlp
 
 
@@ -32,12 +34,13 @@ class ImageEncoder(nn.Module):
 class CNNPolicy(nn.Module):
     value_parameter_prefixes = ("critic.",)
 
-    def __init__(self, cfg, env_spec: dict):
+    def __init__(self, cfg: CNNConfig, env_spec: EnvSpec):
         super().__init__()
-        shapes = env_spec["obs_shapes"]
+        shapes = env_spec.obs_shapes
         if "main_images" not in shapes:
-            raise ValueError("model.name=cnn needs image observations: set env.obs_mode=rgb")
-        chunks, action_dim = int(env_spec["num_action_chunks"]), int(env_spec["action_dim"])
+            raise ValueError("model.name=cnn needs image observations ('main_images'); this env gives "
+                             f"{sorted(shapes)}: configure the env for rgb observations (e.g. env.obs_mode=rgb)")
+        chunks, action_dim = env_spec.num_action_chunks, env_spec.action_dim
         state_dim = int(shapes["states"][0]) if "states" in shapes else 0
         self.encoder = ImageEncoder(tuple(shapes["main_images"]), list(cfg.cnn_channels), cfg.cnn_feature_dim)
         self.normalizer = RunningNorm(state_dim) if (cfg.normalize_obs and state_dim) else None

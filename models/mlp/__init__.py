@@ -1,12 +1,2 @@
-"""State-based MLP actor-critic (Gaussian actions)."""
-
-from embodied_async.registry import register_model
-from models.mlp.modeling_mlp import MLPPolicy
-
-
-@register_model("mlp", module="models.mlp")
-def build_mlp_policy(model_cfg, env_spec) -> MLPPolicy:
-    return MLPPolicy(model_cfg, env_spec)
-
-
-__all__ = ["MLPPolicy", "build_mlp_policy"]
+"""State-based MLP actor-critic (Gaussian actions): ``configuration_mlp`` holds its config,
+``modeling_mlp`` the network (imported only where a policy is built)."""

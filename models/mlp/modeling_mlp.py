@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from models.common import GaussianHead, RunningNorm, as_tensor, make_mlp
+from models.mlp.configuration_mlp import MLPConfig
 
 
 class MLPPolicy(nn.Module):
@@ -14,10 +16,12 @@ class MLPPolicy(nn.Module):
 
     value_parameter_prefixes = ("critic.",)
 
-    def __init__(self, cfg, env_spec: dict):
+    def __init__(self, cfg: MLPConfig, env_spec: EnvSpec):
         super().__init__()
-        state_dim = int(env_spec["obs_shapes"]["states"][0])
-        chunks, action_dim = int(env_spec["num_action_chunks"]), int(env_spec["action_dim"])
+        if "states" not in env_spec.obs_shapes:
+            raise ValueError(f"model.name=mlp needs a 'states' observation; this env gives {sorted(env_spec.obs_shapes)}")
+        state_dim = int(env_spec.obs_shapes["states"][0])
+        chunks, action_dim = env_spec.num_action_chunks, env_spec.action_dim
         self.normalizer = RunningNorm(state_dim) if cfg.normalize_obs else None
         hidden = list(cfg.hidden_sizes)
         self.actor = make_mlp(state_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)

@@ -33,10 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from models.common import as_tensor, make_mlp
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
+from .configuration_policy import OpenVLAPolicyConfig
 from .modeling_openvla import OpenVLAModel, load_openvla
 from .processing_openvla import OpenVLAImageProcessor, OpenVLAProcessor, build_prompt, left_pad_batch, prepare_prompt_ids
 
@@ -327,14 +329,14 @@ def resolve_checkpoint(path: str) -> str:
             "model.path to the downloaded folder (or keep the repo id: the cache is used)") from err
 
 
-def build_openvla_policy(model_cfg, env_spec: Optional[dict] = None) -> OpenVLAPolicy:
-    """Policy builder ``(model_cfg, env_spec) -> OpenVLAPolicy`` from the schema's ``ModelConfig``."""
+def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None) -> OpenVLAPolicy:
+    """Policy builder ``(model_cfg, env_spec) -> OpenVLAPolicy`` (the family's ``builder``)."""
     if not model_cfg.path:
         raise ValueError("model.path: an OpenVLA checkpoint folder is required for model 'openvla'")
     if model_cfg.precision not in DTYPES:
         raise ValueError(f"model.precision={model_cfg.precision!r}; use one of {sorted(DTYPES)}")
     if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
-        ensure_tiny_checkpoint(model_cfg.path, int((env_spec or {}).get("action_dim", 7)))
+        ensure_tiny_checkpoint(model_cfg.path, env_spec.action_dim if env_spec else 7)
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
         resolve_checkpoint(model_cfg.path), dtype=DTYPES[model_cfg.precision],
@@ -349,11 +351,11 @@ def build_openvla_policy(model_cfg, env_spec: Optional[dict] = None) -> OpenVLAP
         value_head_hidden_sizes=tuple(model_cfg.value_head_hidden_sizes),
         store_raw_images=bool(model_cfg.store_raw_images),
     )
-    if env_spec:
-        chunks, dim = int(env_spec.get("num_action_chunks", 1)), int(env_spec.get("action_dim", policy.action_dim))
-        if chunks != 1:
-            raise ValueError(f"env.num_action_chunks={chunks}: OpenVLA emits one action per decision; set it to 1")
-        if dim != policy.action_dim:
-            raise ValueError(f"env action_dim {dim} != OpenVLA action dim {policy.action_dim} "
+    if env_spec is not None:
+        if env_spec.num_action_chunks != 1:
+            raise ValueError(f"env.num_action_chunks={env_spec.num_action_chunks}: OpenVLA emits one action per "
+                             "decision; set it to 1")
+        if env_spec.action_dim != policy.action_dim:
+            raise ValueError(f"env action_dim {env_spec.action_dim} != OpenVLA action dim {policy.action_dim} "
                              f"(len of norm_stats[unnorm_key].action.q01)")
     return policy

@@ -74,18 +74,18 @@ def test_nonfinite_step_is_skipped_and_counted():
     policy.poison = 123.0
     metrics = run_update(policy, batch(poison_value=123.0))
     # the poisoned row lands in exactly one minibatch per epoch: 2 skipped steps out of 8
-    assert metrics["nonfinite_skipped"] == 2.0
+    assert metrics["train/actor/nonfinite_skipped"] == 2.0
     for param in policy.parameters():
         assert torch.isfinite(param).all()
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items())
     clean = run_update(TinyPolicy(), batch())
-    assert clean["nonfinite_skipped"] == 0.0
+    assert clean["train/actor/nonfinite_skipped"] == 0.0
     # every step poisoned: nothing moves, and the update still reports
     policy, data = TinyPolicy(), batch()
     data.forward_inputs["states"][:, 0] = policy.poison = 7.0
     before = [p.detach().clone() for p in policy.parameters()]
     metrics = run_update(policy, data)
-    assert metrics["nonfinite_skipped"] == 8.0 and metrics["epochs"] == 2.0
+    assert metrics["train/actor/nonfinite_skipped"] == 8.0 and metrics["train/actor/epochs"] == 2.0
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 

@@ -31,12 +31,12 @@ def test_unclipped_region():
     # dL/dlogp_i = -A_i * r_i / N = [-1.1, 0.45]
     loss, m, grad = actor_loss([1.1, 0.9], [2.0, -1.0])
     assert loss.item() == pytest.approx(-0.65)
-    assert m["policy_loss"] == pytest.approx(-0.65)
-    assert m["clip_fraction"] == 0.0 and m["dual_clip_fraction"] == 0.0
-    assert m["ratio_mean"] == pytest.approx(1.0)
+    assert m["train/actor/policy_loss"] == pytest.approx(-0.65)
+    assert m["train/actor/clip_fraction"] == 0.0 and m["train/actor/dual_clip_fraction"] == 0.0
+    assert m["train/actor/ratio_mean"] == pytest.approx(1.0)
     # k3 = (r-1) - ln r: 0.1 - 0.0953102 = 0.0046898 ; -0.1 + 0.1053605 = 0.0053605
-    assert m["proximal_approx_kl"] == pytest.approx(0.0050252, abs=1e-6)
-    assert m["behav_approx_kl"] == pytest.approx(0.0)
+    assert m["train/actor/proximal_approx_kl"] == pytest.approx(0.0050252, abs=1e-6)
+    assert m["train/actor/behav_approx_kl"] == pytest.approx(0.0)
     torch.testing.assert_close(grad, t([-1.1, 0.45]))
 
 
@@ -50,9 +50,9 @@ def test_clipping_high_and_low():
     # grads: 0, 0, -2*0.5/4 = -0.25, 1*1.5/4 = 0.375
     loss, m, grad = actor_loss([1.5, 0.5, 0.5, 1.5], [1.0, -1.0, 2.0, -1.0])
     assert loss.item() == pytest.approx(0.025)
-    assert m["clip_fraction"] == pytest.approx(0.5)
-    assert m["dual_clip_fraction"] == 0.0
-    assert m["ratio_mean"] == pytest.approx(1.0)
+    assert m["train/actor/clip_fraction"] == pytest.approx(0.5)
+    assert m["train/actor/dual_clip_fraction"] == 0.0
+    assert m["train/actor/ratio_mean"] == pytest.approx(1.0)
     torch.testing.assert_close(grad, t([0.0, 0.0, -0.25, 0.375]))
 
 
@@ -61,7 +61,7 @@ def test_asymmetric_clip_range():
     # r=0.85, A=-1 is below 0.9 -> pg2 = 0.9 > pg1 = 0.85 -> 0.9 ; mean = -0.175
     loss, m, _ = actor_loss([1.25, 0.85], [1.0, -1.0], clip_ratio_low=0.1, clip_ratio_high=0.3)
     assert loss.item() == pytest.approx(-0.175)
-    assert m["clip_fraction"] == pytest.approx(0.5)
+    assert m["train/actor/clip_fraction"] == pytest.approx(0.5)
 
 
 def test_dual_clip():
@@ -70,20 +70,20 @@ def test_dual_clip():
     # mean = 2.75 ; without dual clip: (5 + 2.5) / 2 = 3.75
     loss, m, grad = actor_loss([5.0, 2.5], [-1.0, -1.0], clip_ratio_c=3.0)
     assert loss.item() == pytest.approx(2.75)
-    assert m["dual_clip_fraction"] == pytest.approx(0.5)
-    assert m["clip_fraction"] == pytest.approx(0.0)  # pg2 < pg1 for both
+    assert m["train/actor/dual_clip_fraction"] == pytest.approx(0.5)
+    assert m["train/actor/clip_fraction"] == pytest.approx(0.0)  # pg2 < pg1 for both
     torch.testing.assert_close(grad, t([0.0, 1.25]))
 
     loss_nodual, m_nodual, _ = actor_loss([5.0, 2.5], [-1.0, -1.0], clip_ratio_c=None)
     assert loss_nodual.item() == pytest.approx(3.75)
-    assert m_nodual["dual_clip_fraction"] == 0.0
+    assert m_nodual["train/actor/dual_clip_fraction"] == 0.0
 
 
 def test_dual_clip_ignores_positive_advantages():
     # r=5, A=+1: clipped = max(-5, -1.2) = -1.2; dual clip only applies to A<0.
     loss, m, _ = actor_loss([5.0], [1.0], clip_ratio_c=3.0)
     assert loss.item() == pytest.approx(-1.2)
-    assert m["dual_clip_fraction"] == 0.0
+    assert m["train/actor/dual_clip_fraction"] == 0.0
 
 
 @pytest.mark.parametrize("c", [1.0, 0.5])
@@ -106,14 +106,14 @@ def test_behaviour_weight_and_mask():
     logp = torch.zeros(3, requires_grad=True)
     loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv)
     assert loss.item() == pytest.approx(5.5 / 3)
-    assert m["behav_clip_fraction"] == 0.0
-    assert m["behav_approx_kl"] == pytest.approx(0.7045685, abs=1e-6)
+    assert m["train/actor/behav_clip_fraction"] == 0.0
+    assert m["train/actor/behav_approx_kl"] == pytest.approx(0.7045685, abs=1e-6)
 
     logp = torch.zeros(3, requires_grad=True)
     loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv, behave_weight_threshold=3.0)
     loss.backward()
     assert loss.item() == pytest.approx(-1.25)
-    assert m["behav_clip_fraction"] == pytest.approx(1 / 3)
+    assert m["train/actor/behav_clip_fraction"] == pytest.approx(1 / 3)
     torch.testing.assert_close(logp.grad, t([-1.0, -0.25, 0.0]))
     # Gradient flows only through the current log-probs.
     assert prox.grad is None and behav.grad is None
@@ -125,7 +125,7 @@ def test_loss_mask_and_normalizer():
     mask = torch.tensor([True, True, False])
     loss, m, grad = actor_loss(ratios, adv, loss_mask=mask)
     assert loss.item() == pytest.approx(-0.65)
-    assert m["ratio_mean"] == pytest.approx(1.0)  # over masked entries only
+    assert m["train/actor/ratio_mean"] == pytest.approx(1.0)  # over masked entries only
     torch.testing.assert_close(grad, t([-1.1, 0.45, 0.0]))
 
     # Global normaliser 4 (e.g. two ranks with 2 valid samples each): -1.3 / 4
@@ -138,7 +138,7 @@ def test_loss_mask_and_normalizer():
 
 def test_all_masked_gives_zero_loss():
     loss, m, _ = actor_loss([1.5], [1.0], loss_mask=torch.tensor([False]))
-    assert loss.item() == 0.0 and not math.isnan(m["clip_fraction"])
+    assert loss.item() == 0.0 and not math.isnan(m["train/actor/clip_fraction"])
 
 
 def test_masked_mean():
@@ -156,8 +156,8 @@ def test_value_loss_huber_branches():
     loss, m = value_loss(values, t([0.0, 0.0]), t([2.0, 0.0]), huber_delta=1.0)
     loss.backward()
     assert loss.item() == pytest.approx(1.5)
-    assert m["value_loss"] == pytest.approx(1.5)
-    assert m["value_clip_fraction"] == 0.0
+    assert m["train/critic/value_loss"] == pytest.approx(1.5)
+    assert m["train/critic/value_clip_fraction"] == 0.0
     torch.testing.assert_close(values.grad, t([-0.5, 0.5]))
 
     # default delta=10: both quadratic -> (0.5 + 4.5) / 2 = 2.5
@@ -175,7 +175,7 @@ def test_value_loss_clipped():
     loss, m = value_loss(values, old, t([2.0, 0.0]), value_clip=0.5)
     loss.backward()
     assert loss.item() == pytest.approx(2.8125)
-    assert m["value_clip_fraction"] == pytest.approx(0.5)
+    assert m["train/critic/value_clip_fraction"] == pytest.approx(0.5)
     torch.testing.assert_close(values.grad, t([0.0, 1.5]))
     assert old.grad is None
 

@@ -1,13 +1,9 @@
-"""Proximal log-prob interpolation and staleness filtering."""
+"""Proximal log-prob interpolation and the version gate."""
 
 import pytest
 import torch
 
-from embodied_async.algorithms import (
-    interpolate_proximal_logprobs,
-    is_fresh,
-    staleness,
-)
+from embodied_async.algorithms import VersionGate, interpolate_proximal_logprobs, staleness
 
 
 def t(x, **kw):
@@ -37,9 +33,13 @@ def test_interpolation_alpha_clamped_to_one():
     torch.testing.assert_close(out, t([-4.0]))
 
 
-def test_staleness_and_is_fresh():
+def test_staleness_and_the_version_gate():
     versions = torch.tensor([[3, 4], [4, 5]])
     assert staleness(versions, 6) == 3
     assert isinstance(staleness(versions, 6), int)
-    assert is_fresh(versions, 6, threshold=3)
-    assert not is_fresh(versions, 6, threshold=2)
+    gate = VersionGate(size_per_stream=2, staleness_threshold=1, on_policy_min_ratio=0.5)
+    assert gate.accepts(6, 5) and gate.accepts(6, 6) and not gate.accepts(6, 4)
+    assert gate.capacity == 4  # two updates' worth may be unacknowledged
+    assert gate.may_start(started=7, acknowledged=4) and not gate.may_start(started=8, acknowledged=4)
+    assert gate.fresh_needed == 1  # 0.5 x 2, not 2 after float error
+    assert VersionGate(3, 0, 1.0).fresh_needed == 3 and VersionGate(3, 0).capacity == 3

@@ -4,7 +4,10 @@ import itertools
 
 import pytest
 
-from embodied_async.algorithms.rollout_store import RolloutStore, rollout_capacity
+from embodied_async.algorithms.rollout_store import RolloutStore
+from embodied_async.algorithms.version_gate import VersionGate
+
+P = "train/rollout_store/"
 
 
 def fill(store, stream, versions):
@@ -13,7 +16,7 @@ def fill(store, stream, versions):
 
 
 def test_default_store_takes_one_trajectory_per_stream_in_order():
-    store = RolloutStore(streams=[(0, 0), (0, 1)], size_per_stream=1, staleness_threshold=1)
+    store = RolloutStore([(0, 0), (0, 1)], VersionGate(1, 1))
     assert store.stream_to_wait_for(0) == (0, 0)
     fill(store, (0, 0), [0])
     assert store.stream_to_wait_for(0) == (0, 1)
@@ -21,24 +24,24 @@ def test_default_store_takes_one_trajectory_per_stream_in_order():
     assert store.take(0) == ["(0, 0):0@v0", "(0, 1):0@v0"]
     assert store.acknowledged == {(0, 0): 1, (0, 1): 1}
     metrics = store.pop_metrics()
-    assert metrics["trajectories_lag_0"] == 2 and metrics["trajectories_lag_1"] == 0
-    assert metrics["max_lag"] == 0 and metrics["dropped_trajectories"] == 0
+    assert metrics[P + "trajectories_lag_0"] == 2 and metrics[P + "trajectories_lag_1"] == 0
+    assert metrics[P + "max_lag"] == 0 and metrics[P + "dropped_trajectories"] == 0
 
 
 def test_stale_trajectories_are_dropped_and_acknowledged():
-    store = RolloutStore(streams=["s"], size_per_stream=2, staleness_threshold=1)
+    store = RolloutStore(["s"], VersionGate(2, 1))
     fill(store, "s", [3, 4, 5, 5])
     assert store.stream_to_wait_for(5) is None  # v3 (lag 2) dropped; v4, v5 remain
     assert store.take(5) == ["s:1@v4", "s:2@v5"]
     assert store.acknowledged["s"] == 3  # two consumed + one dropped
     metrics = store.pop_metrics()
-    assert metrics["dropped_trajectories"] == 1
-    assert (metrics["trajectories_lag_0"], metrics["trajectories_lag_1"], metrics["max_lag"]) == (1, 1, 1)
-    assert metrics["held_trajectories"] == 1
+    assert metrics[P + "dropped_trajectories"] == 1
+    assert (metrics[P + "trajectories_lag_0"], metrics[P + "trajectories_lag_1"], metrics[P + "max_lag"]) == (1, 1, 1)
+    assert metrics[P + "held_trajectories"] == 1
 
 
 def test_on_policy_ratio_waits_for_fresh_trajectories():
-    store = RolloutStore(streams=["s"], size_per_stream=2, staleness_threshold=1, on_policy_min_ratio=0.5)
+    store = RolloutStore(["s"], VersionGate(2, 1, 0.5))
     fill(store, "s", [4, 4])
     assert store.stream_to_wait_for(5) == "s"  # two held, none of version 5
     assert store.metrics.waited_for_fresh == 1
@@ -46,16 +49,16 @@ def test_on_policy_ratio_waits_for_fresh_trajectories():
     assert store.stream_to_wait_for(5) is None
     assert store.take(5) == ["s:0@v4", "fresh"]  # the oldest stale one, then the fresh one
     left = store.pop_metrics()
-    assert left["held_trajectories"] == 1 and left["waited_for_fresh"] == 1
+    assert left[P + "held_trajectories"] == 1 and left[P + "waited_for_fresh"] == 1
     # the leftover v4 trajectory is too old for version 6: dropped
     store.add("s", "a", 6)
     store.add("s", "b", 6)
     assert store.take(6) == ["a", "b"]
-    assert store.pop_metrics()["dropped_trajectories"] == 1
+    assert store.pop_metrics()[P + "dropped_trajectories"] == 1
 
 
 def test_ratio_one_needs_every_trajectory_fresh():
-    store = RolloutStore(streams=["s"], size_per_stream=2, staleness_threshold=2, on_policy_min_ratio=1.0)
+    store = RolloutStore(["s"], VersionGate(2, 2, 1.0))
     fill(store, "s", [1, 2, 2])
     assert store.take(2) == ["s:1@v2", "s:2@v2"]
 
@@ -63,10 +66,10 @@ def test_ratio_one_needs_every_trajectory_fresh():
 @pytest.mark.parametrize("bad", [dict(size_per_stream=0), dict(staleness_threshold=-1),
                                  dict(on_policy_min_ratio=1.5), dict(on_policy_min_ratio=-0.1)])
 def test_bad_settings_are_rejected(bad):
-    settings = dict(streams=["s"], size_per_stream=1, staleness_threshold=0, on_policy_min_ratio=0.0)
+    settings = dict(size_per_stream=1, staleness_threshold=0, on_policy_min_ratio=0.0)
     settings.update(bad)
     with pytest.raises(ValueError):
-        RolloutStore(**settings)
+        VersionGate(**settings)
 
 
 def simulate(size, threshold, ratio, num_streams=1, updates=40, weight_delay=0):
@@ -77,9 +80,9 @@ def simulate(size, threshold, ratio, num_streams=1, updates=40, weight_delay=0):
     rollout ``weight_delay`` rounds after an update. Returns per-update lags and drop counts; fails
     on a deadlock (neither side can move).
     """
-    capacity = rollout_capacity(size, threshold)
+    gate = VersionGate(size, threshold, ratio)
     streams = list(range(num_streams))
-    store = RolloutStore(streams, size, threshold, ratio)
+    store = RolloutStore(streams, gate)
     started = {s: 0 for s in streams}
     known = {"version": 0, "acks": {s: 0 for s in streams}}
     in_transit = []  # (arrival round, version, acks)
@@ -100,7 +103,7 @@ def simulate(size, threshold, ratio, num_streams=1, updates=40, weight_delay=0):
             if len(history) == updates:
                 return history
         for s in streams:
-            if started[s] - known["acks"][s] < capacity:
+            if gate.may_start(started[s], known["acks"][s]):  # the rollout's own rule
                 store.add(s, known["version"], known["version"])  # the item is its version
                 started[s] += 1
                 moved = True
@@ -118,13 +121,13 @@ def test_throttle_never_deadlocks_and_bounds_the_lag(size, threshold, ratio, str
         assert len(lags) == size * streams
         assert max(lags) <= threshold
         assert sum(lag == 0 for lag in lags) >= fresh_needed * streams
-        assert metrics["max_lag"] == max(lags)
+        assert metrics[P + "max_lag"] == max(lags)
     if threshold == 0:  # synchronous: every trajectory comes from the current version, none wasted
-        assert all(max(lags) == 0 and m["dropped_trajectories"] == 0 for lags, m in history)
+        assert all(max(lags) == 0 and m[P + "dropped_trajectories"] == 0 for lags, m in history)
 
 
 def test_drops_happen_and_training_goes_on():
     # wanting every trajectory fresh while the rollout runs a version ahead leaves stale leftovers
     history = simulate(size=2, threshold=1, ratio=1.0, weight_delay=2)
-    assert sum(m["dropped_trajectories"] for _, m in history) > 0
+    assert sum(m[P + "dropped_trajectories"] for _, m in history) > 0
     assert len(history) == 40

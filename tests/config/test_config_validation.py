@@ -9,7 +9,6 @@ import pytest
 
 from conftest import REPO_ROOT, build_config
 from embodied_async.config import ConfigError, check
-from embodied_async.config.schema import EnvConfig
 from embodied_async.config.validate import to_train_config
 
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
@@ -28,10 +27,13 @@ CHECKPOINT_HINT = "logs/<run>/checkpoints/global_step_<N>"
 BAD = [
     # unknown keys, names and types
     ("nonsense.key=1", "unknown config key 'nonsense.key'", "Fix the spelling or remove it"),
-    ("env.nmu_envs=3", "unknown config key 'env.nmu_envs'", "Valid keys under 'env': name, task_id, num_envs"),
-    ("env.num_envs=many", "env.num_envs", "Give a value of the type the schema declares"),
-    ("env.name=doesnotexist", "env.name='doesnotexist'", "use one of: "),
-    ("model.name=transformer9000", "model.name='transformer9000'", "use one of: cnn, mlp"),
+    ("env.nmu_envs=3", "unknown config key 'env.nmu_envs'", "Valid keys under 'env' (ManiSkillConfig): name, num_envs"),
+    ("model.hiden_sizes=[8]", "unknown config key 'model.hiden_sizes'", "Valid keys under 'model' (MLPConfig): name"),
+    ("env.num_envs=many", "env.num_envs", "Give a value of the type declared in envs.maniskill.configuration_maniskill"),
+    ("env.name=doesnotexist", "env.name='doesnotexist' is not a registered env family", "registered: "),
+    ("model.name=transformer9000", "model.name='transformer9000'", "registered: cnn, mlp, openvla"),
+    ("model.activation=sigmoid", "model.activation='sigmoid'", "use one of: tanh, relu, gelu"),
+    ("env.sim_backend=quantum", "env.sim_backend='quantum'", "use one of: cpu, gpu"),
     ("env.obs_mode=depth", "env.obs_mode='depth'", "use one of: state, rgb"),
     ("env.task_id=PushCub-v1", "env.task_id", "PushCube-v1"),  # close matches from ManiSkill's registry
     # model
@@ -41,9 +43,14 @@ BAD = [
      "give a repo id such as"),
     (("model.name=openvla", "model.path=a/b/c"), "model.path='a/b/c'",
      "neither an existing folder nor a Hugging Face repo id"),
-    ("model.path=some/model", "model.path", "remove the override"),  # mlp takes no checkpoint
-    ("model.temperature=0", "model.temperature=0.0", "use 1.0"),
-    ("model.top_k=0", "model.top_k=0", "use e.g. 50 (or null to sample from all action tokens)"),
+    ("model.path=some/model", "unknown config key 'model.path'", "remove it"),  # mlp takes no checkpoint
+    (("model.name=openvla", "model.path=openvla/openvla-7b", "model.temperature=0"), "model.temperature=0.0",
+     "use 1.0"),
+    (("model.name=openvla", "model.path=openvla/openvla-7b", "model.top_k=0"), "model.top_k=0",
+     "use e.g. 50 (or null to sample from all action tokens)"),
+    (("model.name=openvla", "model.path=openvla/openvla-7b", "model.lora.enabled=true", "model.lora.rank=0"),
+     "model.lora.rank=0", "use e.g. 32"),
+    ("model.name=openvla", "model.path is not set", "'openvla/openvla-7b'"),
     # placement and backend
     ("cluster.device_type=gpu", "cluster.device_type=gpu", "cluster.device_type=auto"),
     ("cluster.component_placement.env=3-1", "cluster.component_placement['env']", "valid examples"),
@@ -158,27 +165,36 @@ def test_resume_dir_checkpoint_and_checkpoints_root(tmp_path):
 
 
 def test_env_family_check_through_the_registry(tmp_path, monkeypatch):
-    import envs.maniskill
-    from embodied_async.registry import env_config_check
+    import envs.maniskill.maniskill_env
+    from embodied_async.registry import family_config
+    from envs.maniskill import ManiSkillConfig
 
-    family_check = env_config_check("maniskill")
-    assert family_check is envs.maniskill.check_maniskill_config
-    with pytest.raises(ValueError, match="close: .*PushCube-v1"):
-        family_check(EnvConfig(task_id="PushCub-v1"))
-    with pytest.raises(KeyError, match="registered envs: .*maniskill"):
-        env_config_check("nosuchsim")
+    assert family_config("env", "maniskill") is ManiSkillConfig
+    with pytest.raises(ConfigError, match="close: .*PushCube-v1"):
+        ManiSkillConfig(task_id="PushCub-v1").check()
+    with pytest.raises(ConfigError, match="registered: .*maniskill"):
+        family_config("env", "nosuchsim")
 
     def assets_missing(task_id, robot_uids=None):
         raise FileNotFoundError(f"ManiSkill task '{task_id}' needs assets that are not downloaded")
 
     # missing assets are the env worker's to report (with the download command), not a config error
-    monkeypatch.setattr(envs.maniskill, "check_task_assets", assets_missing)
+    monkeypatch.setattr(envs.maniskill.maniskill_env, "check_task_assets", assets_missing)
     assert build_config(tmp_path).env.task_id == "PushCube-v1"
 
 
 def test_wrong_type_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="env.num_envs"):
-        to_train_config({"env": {"num_envs": "many"}})
+        to_train_config({"model": {"name": "mlp"}, "env": {"name": "maniskill", "num_envs": "many"}})
+
+
+@pytest.mark.parametrize("section", ["model", "env"])
+def test_a_missing_family_name_lists_the_registered_ones(section):
+    cfg = {"model": {"name": "mlp"}, "env": {"name": "maniskill", "task_id": "PushCube-v1"}}
+    del cfg[section]["name"]
+    with pytest.raises(ConfigError, match=rf"{section}.name is not set; registered: .*embodied_async\.") as err:
+        to_train_config(cfg)
+    assert ("mlp" if section == "model" else "maniskill") in str(err.value)
 
 
 def test_placement_beyond_the_gpus_present(tmp_path):

@@ -155,11 +155,12 @@ def test_resume_restores_the_normaliser_and_the_rollout_uses_it(make_config):
 
 def test_rollout_predict_never_moves_the_statistics():
     from models.mlp.modeling_mlp import MLPPolicy
-    from embodied_async.config.schema import ModelConfig
+    from embodied_async.contracts import EnvSpec
+    from models.mlp.configuration_mlp import MLPConfig
     from embodied_async.normalization import merge_observation_moments, pop_observation_moments
 
-    policy = MLPPolicy(ModelConfig(hidden_sizes=[8]), {"obs_shapes": {"states": (3,)}, "action_dim": 2,
-                                                      "num_action_chunks": 1})
+    policy = MLPPolicy(MLPConfig(hidden_sizes=[8]), EnvSpec(obs_shapes={"states": (3,)},
+                                                            obs_dtypes={"states": "float32"}, action_dim=2))
     before = policy.normalizer.mean.clone()
     rng = np.random.default_rng(0)
     first, second = rng.normal(5.0, 2.0, (64, 3)), rng.normal(-1.0, 0.5, (32, 3))

@@ -4,12 +4,14 @@ import pytest
 import ray
 import torch
 
+from embodied_async.config import resolve_topology
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import Trajectory
-from embodied_async.scheduler.channel import RayChannel
+from embodied_async.scheduler.channel import GraphChannels, RayChannel
 from embodied_async.scheduler.worker_group import WorkerGroup, init_ray, wait_all
 from embodied_async.workers.actor_worker import ActorWorker
 
-SPEC = {"obs_shapes": {"states": (5,)}, "action_dim": 2, "num_action_chunks": 1}
+SPEC = EnvSpec(obs_shapes={"states": (5,)}, obs_dtypes={"states": "float32"}, action_dim=2)
 T, B = 8, 4  # the SMALL config: 4 envs x 8 steps
 
 
@@ -31,10 +33,12 @@ def first_update(make_config, world_size: int, name: str):
                       f"actor.global_batch_size={T * B}", f"actor.micro_batch_size={T * B // 2}",
                       "algorithm.target_kl=null", "model.hidden_sizes=[16,16]")
     actor_ch, weight_ch = RayChannel.create(f"traj-{name}"), RayChannel.create(f"weights-{name}")
-    group = WorkerGroup("actor", ActorWorker, list(range(world_size)), "ray", device_kind="cpu",
-                        kwargs_for=lambda r: dict(cfg=cfg, rank=r, world_size=world_size, env_spec=SPEC,
-                                                  actor_channel=actor_ch, weight_channel=weight_ch,
-                                                  num_rollout_ranks=1))
+    channels = GraphChannels(env_outputs=None, actions=None, trajectories=actor_ch, weights=weight_ch)
+    topology = resolve_topology(cfg)
+    assert topology.actor_world_size == world_size
+    group = WorkerGroup("actor", ActorWorker, topology, "ray",
+                        kwargs_for=lambda r: dict(cfg=cfg, topology=topology, rank=r, env_spec=SPEC,
+                                                  channels=channels))
     try:
         host, port = group.call_rank(0, "master_address").result()
         wait_all(group.call("init_model", host, port), timeout=120)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -11,15 +10,15 @@ pytest.importorskip("mani_skill")
 # ManiSkill runs np.isnan on torch actions internally; the warning is theirs, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")
 
-from embodied_async.config.schema import EnvConfig  # noqa: E402
-from embodied_async.registry import env_builder  # noqa: E402
-from envs.maniskill import bootstrap_flags, task_instruction  # noqa: E402
+from embodied_async.contracts import Env  # noqa: E402
+from embodied_async.registry import build_env  # noqa: E402
+from envs.maniskill import ManiSkillConfig, bootstrap_flags, task_instruction  # noqa: E402
 
 
 def make_env(num_envs: int = 2, seed: int = 0, **overrides):
-    cfg = EnvConfig(**{"task_id": "PushCube-v1", "max_episode_steps": 50, "control_mode": "pd_ee_delta_pos",
-                       **overrides})
-    return env_builder("maniskill")(cfg, num_envs=num_envs, seed=seed)
+    cfg = ManiSkillConfig(**{"task_id": "PushCube-v1", "max_episode_steps": 50, "control_mode": "pd_ee_delta_pos",
+                             **overrides})
+    return build_env(cfg, num_envs=num_envs, seed=seed)
 
 
 @pytest.fixture
@@ -31,16 +30,18 @@ def env():
 
 def random_chunk(env, chunks: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return rng.uniform(-1, 1, (env.num_envs, chunks, env.spec["action_dim"])).astype(np.float32)
+    return rng.uniform(-1, 1, (env.num_envs, chunks, env.spec.action_dim)).astype(np.float32)
 
 
 def test_state_mode_spec_and_reset(env):
     spec = env.spec
     assert env.num_envs == 2
-    assert set(spec["obs_shapes"]) == {"states"}
-    (dim,) = spec["obs_shapes"]["states"]
-    assert spec["action_dim"] == 4 and spec["num_action_chunks"] == 1
-    assert len(spec["action_low"]) == len(spec["action_high"]) == 4
+    assert set(spec.obs_shapes) == {"states"}
+    (dim,) = spec.obs_shapes["states"]
+    assert spec.action_dim == 4 and spec.num_action_chunks == 1
+    assert len(spec.action_low) == len(spec.action_high) == 4
+    assert spec.obs_dtypes == {"states": "float32"} and spec.instruction == "push the cube to the goal region"
+    assert isinstance(env, Env)  # the typed contract every env family meets
     out = env.reset(seed=3)
     assert out.obs["states"].shape == (2, dim) and out.obs["states"].dtype == np.float32
     assert out.obs["task_descriptions"] == ["push the cube to the goal region"] * 2
@@ -159,13 +160,13 @@ def test_reset_envs_resets_only_those(env):
 def test_rgb_mode_images():
     env = make_env(obs_mode="rgb", image_size=[64, 64])
     try:
-        assert env.spec["obs_shapes"]["main_images"] == (64, 64, 3)
+        assert env.spec.obs_shapes["main_images"] == (64, 64, 3)
         out = env.step(random_chunk(env, 1))
         images = out.obs["main_images"]
         assert images.shape == (2, 64, 64, 3) and images.dtype == np.uint8
         assert images.std() > 1.0  # a rendered scene, not a blank frame
         assert out.obs["states"].dtype == np.float32
-        assert out.obs["states"].shape == (2,) + env.spec["obs_shapes"]["states"]
+        assert out.obs["states"].shape == (2,) + env.spec.obs_shapes["states"]
     finally:
         env.close()
 
@@ -193,8 +194,8 @@ def test_instructions():
     assert task_instruction("PickCube-v1") == "pick up the cube and move it to the goal"
     assert task_instruction("LiftPegUpright-v2") == "lift peg upright"
     assert task_instruction("PickSingleYCB-v1", "grab it") == "grab it"
-    cfg = dataclasses.replace(EnvConfig(), instruction="do the thing")
-    env = env_builder("maniskill")(cfg, num_envs=1, seed=0)
+    cfg = ManiSkillConfig(task_id="PushCube-v1", instruction="do the thing")
+    env = build_env(cfg, num_envs=1, seed=0)
     try:
         assert env.reset().obs["task_descriptions"] == ["do the thing"]
     finally:

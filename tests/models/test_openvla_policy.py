@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from conftest import FIXTURES, OPENVLA_FIXTURES
-from embodied_async.config.schema import LoraConfig, ModelConfig
-from embodied_async.registry import model_builder
+from embodied_async.contracts import EnvSpec, Policy
+from embodied_async.registry import build_policy
+from models.configuration_lora import LoraConfig
+from models.openvla.configuration_policy import OpenVLAPolicyConfig
 from models.openvla import load_openvla, left_pad_batch, prepare_prompt_ids
 from models.openvla.policy_openvla import OpenVLAPolicy, build_openvla_policy, hash_prompt_ids
 from models.openvla.tiny import make_tiny_openvla
@@ -168,15 +170,23 @@ def test_hash_prompt_ids_stand_in():
     assert ids != hash_prompt_ids("open the drawer")
 
 
-def test_registered_builder_reads_the_schema(tiny_folder):
-    cfg = ModelConfig(name="openvla", path=tiny_folder, lora=LoraConfig(enabled=True, rank=4, alpha=8),
-                      value_head_hidden_sizes=[16])
-    policy = model_builder("openvla")(cfg, {"action_dim": 7, "num_action_chunks": 1})
+def _spec(action_dim: int, chunks: int = 1) -> EnvSpec:
+    return EnvSpec(obs_shapes={"main_images": (224, 224, 3)}, obs_dtypes={"main_images": "uint8"},
+                   action_dim=action_dim, num_action_chunks=chunks)
+
+
+def test_registered_builder_reads_the_family_config(tiny_folder):
+    cfg = OpenVLAPolicyConfig(path=tiny_folder, lora=LoraConfig(enabled=True, rank=4, alpha=8),
+                              value_head_hidden_sizes=[16])
+    policy = build_policy(cfg, _spec(7))
+    assert isinstance(policy, Policy)  # the typed contract every policy family meets
     assert policy.lora_enabled and policy.action_dim == 7
     with pytest.raises(ValueError, match="action_dim"):
-        build_openvla_policy(cfg, {"action_dim": 8, "num_action_chunks": 1})
+        build_openvla_policy(cfg, _spec(8))
+    with pytest.raises(ValueError, match="num_action_chunks"):
+        build_openvla_policy(cfg, _spec(7, chunks=4))
     with pytest.raises(ValueError, match="precision"):
-        build_openvla_policy(dataclasses.replace(cfg, precision="fp8"), {})
+        build_openvla_policy(dataclasses.replace(cfg, precision="fp8"), None)
 
 
 def test_bfloat16_policy_runs(tiny_folder):

@@ -3,7 +3,6 @@
 import pytest
 
 from embodied_async.scheduler import (
-    Placement,
     PlacementError,
     detect_num_gpus,
     parse_device_ids,
@@ -138,18 +137,6 @@ def test_bad_syntax_names_the_entry():
         parse_placement({"env,,rollout": "0", "actor": "0"}, num_devices=1)
     with pytest.raises(PlacementError, match="non-empty mapping"):
         parse_placement({}, num_devices=1)
-
-
-def test_placement_helpers():
-    placement = Placement.from_config({"env": "0-1", "rollout": "1", "actor": "2-3"},
-                                      num_devices=4)
-    assert placement.device_kind == "gpu"
-    assert placement.ids("env") == [0, 1]
-    assert placement.num_processes("actor") == 2
-    assert placement.is_colocated("env", "rollout")
-    assert not placement.is_colocated("env", "actor")
-    with pytest.raises(PlacementError, match="'critic' is not placed"):
-        placement.ids("critic")
 
 
 def test_detect_num_gpus_is_an_int():

@@ -1,11 +1,17 @@
-"""Simulator-free envs for tests of the graph itself (registered under test-only names)."""
+"""Simulator-free envs for tests of the graph itself (registered in this process under test-only
+names; the cluster.backend=local graph runs them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
+from embodied_async.config.schema import EnvConfig
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import EnvOutput, bootstrap_flags
-from embodied_async.registry import register_env
+from embodied_async.registry import register_family
 
 
 class PointEnv:
@@ -22,8 +28,8 @@ class PointEnv:
         self.pos = self.rng.normal(size=(num_envs, 2)).astype(np.float32)
         self.t = np.zeros(num_envs, dtype=np.int64)
         self.steps = 0
-        self.spec = {"obs_shapes": {"states": (2,)}, "action_dim": 2, "num_action_chunks": 1,
-                     "action_low": [-1.0, -1.0], "action_high": [1.0, 1.0]}
+        self.spec = EnvSpec(obs_shapes={"states": (2,)}, obs_dtypes={"states": "float32"}, action_dim=2,
+                            action_low=(-1.0, -1.0), action_high=(1.0, 1.0), instruction="reach the origin")
 
     def _obs(self):
         return {"states": self.pos.copy(), "task_descriptions": ["reach the origin"] * self.num_envs}
@@ -64,12 +70,21 @@ class PointEnv:
         pass
 
 
-@register_env("faulty_point", module="fake_envs")
+def _family(name: str, builder: str) -> type:
+    config = dataclass(type(f"{name}_config", (EnvConfig,), {
+        "__annotations__": {"name": str, "builder": ClassVar[str]}, "name": name, "builder": builder}))
+    return register_family("env", config)
+
+
+FaultyPointConfig = _family("faulty_point", "fake_envs:build_faulty_point")
+CrashingPointConfig = _family("crashing_point", "fake_envs:build_crashing_point")
+OutcomePointConfig = _family("outcome_point", "fake_envs:build_outcome_point")
+
+
 def build_faulty_point(env_cfg, num_envs, seed):
     return PointEnv(num_envs, seed, faults={3: "nan_reward", 5: "inf_obs", 7: "huge_obs", 9: "nan_reward"})
 
 
-@register_env("crashing_point", module="fake_envs")
 def build_crashing_point(env_cfg, num_envs, seed):
     return PointEnv(num_envs, seed, faults={4: "crash"})
 
@@ -103,6 +118,5 @@ class OutcomeEnv(PointEnv):
         return EnvOutput(self._obs(), rewards, ended, bootstrap, successes, np.ones(self.num_envs, bool), final)
 
 
-@register_env("outcome_point", module="fake_envs")
 def build_outcome_point(env_cfg, num_envs, seed):
     return OutcomeEnv(num_envs, seed, env_cfg.terminal_on_success)

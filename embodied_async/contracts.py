@@ -1,0 +1,117 @@
+"""The contracts between the framework and its plugins: what a policy and an env must offer.
+
+A policy family (``models/``) and an env family (``envs/``) are plugins: the workers build them
+through ``registry.build`` and then rely only on what is written here. ``registry.build`` checks a
+built object against its protocol at start-up, so a missing method is an error naming it, not an
+``AttributeError`` halfway through a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+import numpy as np
+
+from embodied_async.data import EnvOutput, Observation, PolicyOutput
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What an env tells the policy builder about its observations and actions.
+
+    ``obs_shapes``/``obs_dtypes`` describe one sub-env's entry of every array observation key
+    (``states`` ``(D,)`` float32, ``main_images`` ``(H, W, 3)`` uint8, ...); ``task_descriptions``
+    is always present and not listed. A decision is a chunk of ``num_action_chunks`` actions of
+    ``action_dim`` values within ``[action_low, action_high]``. ``reports_success`` /
+    ``reports_fail`` say whether ``EnvOutput.successes`` and failure terminations mean anything
+    for this task.
+    """
+
+    obs_shapes: Dict[str, Tuple[int, ...]]
+    obs_dtypes: Dict[str, str]
+    action_dim: int
+    num_action_chunks: int = 1
+    action_low: Tuple[float, ...] = ()
+    action_high: Tuple[float, ...] = ()
+    instruction: Optional[str] = None
+    reports_success: bool = True
+    reports_fail: bool = False
+
+    @classmethod
+    def from_observation(cls, obs: Observation, action_dim: int, num_action_chunks: int = 1,
+                         action_low: Sequence[float] = (), action_high: Sequence[float] = (),
+                         **flags) -> "EnvSpec":
+        """The spec of a batched observation dict (leading dim ``B``), as an env builds it after reset."""
+        arrays = {k: np.asarray(v) for k, v in obs.items() if k != "task_descriptions"}
+        return cls(obs_shapes={k: tuple(v.shape[1:]) for k, v in arrays.items()},
+                   obs_dtypes={k: v.dtype.name for k, v in arrays.items()}, action_dim=int(action_dim),
+                   num_action_chunks=int(num_action_chunks), action_low=tuple(float(v) for v in action_low),
+                   action_high=tuple(float(v) for v in action_high), **flags)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """``num_envs`` sub-environments stepped together (env families, ``envs/``).
+
+    ``step`` executes one action chunk ``[B, C, A]`` in order, sums the rewards of its sub-steps,
+    auto-resets a sub-env that finished (keeping its last observation in ``final_obs``) and marks
+    with ``EnvOutput.bootstrap`` which finished sub-envs bootstrap (``data.bootstrap_flags``, the
+    one rule every family applies). ``reset_envs`` resets only the given sub-envs (the env worker
+    uses it to drop a sub-env whose values went non-finite) and returns the full observation.
+    """
+
+    num_envs: int
+    spec: EnvSpec
+
+    def reset(self, seed: Optional[int] = None) -> EnvOutput: ...
+
+    def step(self, actions: np.ndarray) -> EnvOutput: ...
+
+    def reset_envs(self, indices: Sequence[int]) -> Observation: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An actor-critic the rollout samples from and the actor trains (policy families, ``models/``).
+
+    - ``predict(obs, mode)``: ``mode="train"`` samples (and lets the policy's observation
+      normalisers record what they see), ``"eval"`` acts deterministically. Returns actions
+      ``[B, C, A]``, one log-prob and one value per decision, and ``forward_inputs``: exactly the
+      tensors ``evaluate`` needs to re-score the same decision.
+    - ``evaluate(forward_inputs, actions) -> (logprobs, entropy, values)`` with the log-prob
+      semantics of ``predict``, with gradients.
+    - ``value(obs)``: values ``[B]`` of observations (bootstrapping from final observations).
+    - ``value_parameter_prefixes``: names of the value head's parameters start with one of these
+      (they get ``actor.value_lr``).
+
+    It is a ``torch.nn.Module``: the actor shards it with FSDP2 and the rollout loads published
+    weights into it by parameter name. Parameters with ``requires_grad=False`` (a frozen backbone
+    under LoRA) are neither trained nor published.
+    """
+
+    value_parameter_prefixes: Tuple[str, ...]
+
+    def predict(self, obs: Observation, mode: str = "train") -> PolicyOutput: ...
+
+    def evaluate(self, forward_inputs: Dict[str, object], actions: object) -> Tuple[object, object, object]: ...
+
+    def value(self, obs: Observation) -> object: ...
+
+    def named_parameters(self, *args, **kwargs) -> Iterator: ...
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False): ...
+
+
+def missing_members(obj: object, protocol: type) -> list:
+    """Names ``protocol`` requires that ``obj`` lacks (empty when it conforms)."""
+    names = [n for n in getattr(protocol, "__protocol_attrs__", ()) if not n.startswith("_")]
+    if not names:  # Python < 3.12 keeps them elsewhere
+        names = [n for n in dir(protocol) if not n.startswith("_") and n not in dir(Protocol)]
+        names += list(getattr(protocol, "__annotations__", {}))
+    return sorted({n for n in names if not hasattr(obj, n)})
+
+
+__all__ = ["Env", "EnvSpec", "Policy", "missing_members"]

@@ -1,0 +1,57 @@
+"""Config of the ManiSkill env family (``env.name: maniskill``): every key and its default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from embodied_async.config.checks import ConfigError, bound, choice, require
+from embodied_async.config.schema import EnvConfig
+
+OBS_MODES = ("state", "rgb")
+SIM_BACKENDS = ("cpu", "gpu")
+
+
+@dataclass
+class ManiSkillConfig(EnvConfig):
+    """A ManiSkill3 task (https://maniskill.readthedocs.io): observations, control and simulator."""
+
+    name: str = "maniskill"
+    task_id: str = MISSING  # e.g. PushCube-v1
+    obs_mode: str = "state"  # "state" | "rgb"
+    control_mode: Optional[str] = "pd_joint_delta_pos"  # null: the task's own default
+    sim_backend: str = "cpu"  # "cpu": one scene per sub-env, stepped in turn; "gpu": batched
+    max_episode_steps: int = 50  # 0: the task's own limit
+    reward_mode: str = "normalized_dense"
+    image_size: List[int] = field(default_factory=lambda: [128, 128])  # [height, width]
+    # natural-language instruction; None: the task's own, else words derived from the task id
+    instruction: Optional[str] = None
+    # extra keyword arguments for the simulator's constructor (gym.make)
+    extra_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+    builder: ClassVar[str] = "envs.maniskill.maniskill_env:ManiSkillEnv"
+
+    def check(self) -> None:
+        choice(self.obs_mode, "env.obs_mode", OBS_MODES)
+        choice(self.sim_backend, "env.sim_backend", SIM_BACKENDS)
+        bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 0, "must be >= 0",
+              "use 0 for the task's own limit")
+        image_size = list(self.image_size)
+        require(len(image_size) == 2 and all(v > 0 for v in image_size),
+                f"env.image_size={image_size} must be [height, width] with two positive integers; use e.g. [128, 128]")
+        self._check_task_id()  # last: it imports ManiSkill (seconds)
+
+    def _check_task_id(self) -> None:
+        """Missing assets are not a config error: the env worker reports them with the download
+        command, and a machine that only validates configs need not hold them."""
+        from envs.maniskill.maniskill_env import check_task_assets
+
+        try:
+            check_task_assets(self.task_id)
+        except FileNotFoundError:
+            pass
+        except ValueError as err:
+            raise ConfigError(f"{err}. Set env.task_id to a ManiSkill task (check the spelling and the -v<N> "
+                              "version suffix)") from None

@@ -1,0 +1,70 @@
+"""Config of the OpenVLA policy family (``model.name: openvla``): every key and its default.
+
+(``configuration_openvla.py`` beside it is the checkpoint's own architecture config.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar, List, Optional
+
+from embodied_async.config.checks import ConfigError, bound
+from embodied_async.config.schema import ModelConfig
+from models.configuration_lora import LoraConfig
+
+# ``owner/name`` on the Hugging Face hub (one slash, no path-like start)
+_HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_LOCAL_PREFIXES = ("/", "./", "../", "~")
+
+
+@dataclass
+class OpenVLAPolicyConfig(ModelConfig):
+    """OpenVLA (official checkpoints, loaded natively) with a value head, sampled over action tokens."""
+
+    name: str = "openvla"
+    # a local checkpoint folder or a Hugging Face repo id ("owner/name")
+    path: Optional[str] = None
+    gradient_checkpointing: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # which norm_stats entry un-normalises actions (None: the checkpoint's only one)
+    unnorm_key: Optional[str] = None
+    # the sampling distribution over the 256 action bins (also the one log-probs are computed under)
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
+    store_raw_images: bool = False  # uint8 images in the trajectory instead of float pixel values (smaller)
+    # build a tiny random-init checkpoint at model.path when that folder does not exist yet
+    # (CPU smoke runs and tests: it is saved in the official format and loaded back by path)
+    tiny_random_init: bool = False
+
+    builder: ClassVar[str] = "models.openvla.policy_openvla:build_openvla_policy"
+    cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla_tiny"
+
+    def check(self) -> None:
+        bound(self.temperature, "model.temperature", lambda v: v > 0, "must be > 0",
+              "use 1.0 to sample from the policy as is")
+        bound(self.top_k, "model.top_k", lambda v: v >= 1, "must be >= 1", "use e.g. 50",
+              null="to sample from all action tokens")
+        self.lora.check("model.lora")
+        self._check_path()
+
+    def _check_path(self) -> None:
+        """A local folder or a hub repo id (looked up by the worker). A path that looks local must
+        exist, unless ``tiny_random_init`` will create it there."""
+        path = self.path
+        if path is None:
+            raise ConfigError("model.path is not set: give an OpenVLA checkpoint folder or a Hugging Face repo id "
+                              "such as 'openvla/openvla-7b'")
+        local = os.path.expanduser(path)
+        if self.tiny_random_init or os.path.isdir(local):
+            return
+        if os.path.exists(local):
+            raise ConfigError(f"model.path={path!r} is a file, not a checkpoint folder: point model.path at the "
+                              "folder that holds config.json and the weights")
+        if path.startswith(_LOCAL_PREFIXES) or path in (".", "..") or not _HUB_REPO_ID.fullmatch(path):
+            raise ConfigError(
+                f"model.path={path!r} is neither an existing folder nor a Hugging Face repo id ('owner/name'): "
+                "fix the path (relative paths are relative to the working directory), give a repo id such as "
+                "'openvla/openvla-7b', or set model.tiny_random_init=true to create a tiny random checkpoint there")

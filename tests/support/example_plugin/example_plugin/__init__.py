@@ -1,0 +1,1 @@
+"""An example plugin package: one policy family and one env family for embodied_async."""
