@@ -1,8 +1,8 @@
 """The contracts between the framework and its plugins: what a policy and an env must offer.
 
 A policy family (``models/``) and an env family (``envs/``) are plugins: the workers build them
-through ``registry.build`` and then rely only on what is written here. ``registry.build`` checks a
-built object against its protocol at start-up, so a missing method is an error naming it, not an
+through ``registry.build_policy`` / ``registry.build_env`` and then rely only on what is written
+here. Both check a built object against its protocol at start-up, so a missing method is an error naming it, not an
 ``AttributeError`` halfway through a run.
 """
 
@@ -23,9 +23,9 @@ class EnvSpec:
     ``obs_shapes``/``obs_dtypes`` describe one sub-env's entry of every array observation key
     (``states`` ``(D,)`` float32, ``main_images`` ``(H, W, 3)`` uint8, ...); ``task_descriptions``
     is always present and not listed. A decision is a chunk of ``num_action_chunks`` actions of
-    ``action_dim`` values within ``[action_low, action_high]``. ``reports_success`` /
-    ``reports_fail`` say whether ``EnvOutput.successes`` and failure terminations mean anything
-    for this task.
+    ``action_dim`` values within ``[action_low, action_high]``. ``reports_success`` says whether
+    ``EnvOutput.successes`` means anything for this task (when not, success rates are logged as
+    null rather than 0); ``reports_fail`` whether it ends episodes as failures (always terminal).
     """
 
     obs_shapes: Dict[str, Tuple[int, ...]]

@@ -60,7 +60,7 @@ def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[
     success = record.get("env/success_rate", float("nan"))
     parts = [f"step {int(record['step'])}/{max_steps}", f"env steps {int(record['env_steps'])}",
              f"success {success:.2f}" if math.isfinite(success) else "success  -  ",
-             f"eval {last_eval:.2f}" if last_eval is not None else "eval  -  ",
+             f"eval {last_eval:.2f}" if last_eval is not None and math.isfinite(last_eval) else "eval  -  ",
              f"{record.get('throughput/env_steps_per_s', 0.0):.0f} env steps/s",
              f"staleness {record.get('train/actor/staleness', 0.0):.2f}",
              f"{record['wall_time_s']:.0f}s"]

@@ -51,16 +51,33 @@ def register_family(section: str, config_cls: type) -> type:
     """Register ``config_cls`` as family ``config_cls().name`` of ``section`` ("model" or "env") in
     this process. Returns the class, so it can decorate it."""
     name = config_cls().name
+    existing = families(section).get(name)
+    if existing is not None and _qualified(existing) != _qualified(config_cls):
+        raise ValueError(f"{KINDS[section]} family {name!r} is already registered by {_qualified(existing)}; "
+                         f"give {_qualified(config_cls)} another name")
     _registered[section][name] = _check_family_class(section, name, config_cls, f"family {name!r}")
     return config_cls
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _discover() -> Dict[str, Dict[str, type]]:
     found: Dict[str, Dict[str, type]] = {"model": {}, "env": {}}
     for section, group in ENTRY_POINT_GROUPS.items():
         _broken[section].clear()
+        values: Dict[str, str] = {}
         for entry in importlib.metadata.entry_points(group=group):
             origin = f"entry point '{entry.name} = {entry.value}' (group {group})"
+            if values.setdefault(entry.name, entry.value) != entry.value:  # two packages, one name
+                found[section].pop(entry.name, None)
+                _broken[section][entry.name] = (
+                    f"two installed packages register the {KINDS[section]} family {entry.name!r} ('{values[entry.name]}' "
+                    f"and '{entry.value}', group {group}): uninstall one or rename its entry point")
+                continue
+            if entry.name in _broken[section]:
+                continue
             try:
                 found[section][entry.name] = _check_family_class(section, entry.name, entry.load(), origin)
             except Exception as err:  # a broken plugin fails only the runs that ask for it
@@ -87,10 +104,14 @@ def family_config(section: str, name: Any) -> type:
         raise ConfigError(f"{section}.name={name!r}: {_broken[section][name]}")
     kind = KINDS[section]
     what = f"{section}.name is not set" if name in (None, "???") else f"{section}.name={name!r} is not a registered {kind} family"
+    hint = ""
+    if not known:  # not even this repository's own families: its entry points are not installed
+        hint = (" (none at all: the project's entry points are not installed in this Python environment; "
+                "re-install it with 'bash scripts/setup.sh' or '.venv/bin/pip install -e .')")
     raise ConfigError(
-        f"{what}; registered: {', '.join(sorted(known)) or 'none'}. Set {section}.name to one of them (or compose "
-        f"a {section} config from configs/{section}/); a new family registers its config class under the entry "
-        f"point group '{ENTRY_POINT_GROUPS[section]}' (examples/embodiment/README.md, 'Add a policy or an env')")
+        f"{what}; registered: {', '.join(sorted(known)) or 'none'}{hint}. Set {section}.name to one of them (or "
+        f"compose a {section} config from configs/{section}/); a new family registers its config class under the "
+        f"entry point group '{ENTRY_POINT_GROUPS[section]}' (examples/embodiment/README.md, 'Add a policy or an env')")
 
 
 def _builder(section: str, cfg: Any) -> Callable:

@@ -1,9 +1,8 @@
 """The topology of a run, resolved once at start-up from ``cluster.component_placement``.
 
 ``resolve_topology`` parses the placement against this machine's devices, checks that the
-sub-envs, trajectories and minibatches divide evenly over the placed processes, and returns a
-frozen ``Topology``: the runner and every worker read who serves whom from it, nothing
-recomputes it.
+sub-envs divide evenly over the placed processes, and returns a frozen ``Topology``: the runner
+and every worker read who serves whom from it, nothing recomputes it.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ class Topology:
     actor_ids: Tuple[int, ...]
     stages: int  # pipeline stages per env worker (env.pipeline_stage_num)
     envs_per_stage: int  # sub-envs one env worker steps in each stage
+    env_workers_per_rollout: int  # env workers each rollout worker serves
 
     def ids(self, component: str) -> List[int]:
         """Device ids of ``component`` ("env", "rollout", "actor"), one process each."""
@@ -44,7 +44,7 @@ class Topology:
 
     def env_ranks(self, rollout_rank: int) -> List[int]:
         """The env workers rollout worker ``rollout_rank`` serves (a contiguous block)."""
-        per_rollout = self.num_env_workers // self.num_rollout_workers
+        per_rollout = self.env_workers_per_rollout
         return list(range(rollout_rank * per_rollout, (rollout_rank + 1) * per_rollout))
 
     @property
@@ -55,7 +55,7 @@ class Topology:
     @property
     def envs_per_rollout_batch(self) -> int:
         """Sub-envs in one policy batch: one stage of every env worker a rollout worker serves."""
-        return self.envs_per_stage * (self.num_env_workers // self.num_rollout_workers)
+        return self.envs_per_stage * self.env_workers_per_rollout
 
 
 def _parse(cfg, num_gpus: Optional[int]):
@@ -99,7 +99,7 @@ def _check_backend(cfg, kind: str, ids) -> None:
                 "or use cluster.backend=ray")
 
 
-def _check_envs(cfg, num_env: int, num_rollout: int, world: int) -> None:
+def _check_envs(cfg, num_env: int, num_rollout: int) -> None:
     stages = cfg.env.pipeline_stage_num
     require(cfg.env.num_envs % (num_env * stages) == 0,
             f"env.num_envs={cfg.env.num_envs} must divide evenly over {num_env} env processes x "
@@ -107,32 +107,14 @@ def _check_envs(cfg, num_env: int, num_rollout: int, world: int) -> None:
     require(num_env % num_rollout == 0,
             f"the {num_env} env processes must split evenly over the {num_rollout} rollout "
             "processes (cluster.component_placement); place a multiple of the rollout count on env")
-    per_rollout_stage = cfg.env.num_envs // num_rollout // stages
-    require(per_rollout_stage % world == 0,
-            f"each rollout stage batch ({per_rollout_stage} sub-envs) must split evenly over the "
-            f"{world} actor ranks; make env.num_envs a multiple of {num_rollout * stages * world}")
 
 
-def _check_batches(cfg, world: int) -> None:
-    store = cfg.algorithm.rollout_store_size_per_rank
-    batch = store * cfg.env.num_envs * cfg.rollout.num_steps
-    actor = cfg.actor
-    require(batch % actor.global_batch_size == 0,
-            f"one update's batch (algorithm.rollout_store_size_per_rank x env.num_envs x rollout.num_steps = "
-            f"{store} x {cfg.env.num_envs} x {cfg.rollout.num_steps} = {batch} decisions) must be a multiple "
-            f"of actor.global_batch_size={actor.global_batch_size}; pick a divisor of {batch} for "
-            "actor.global_batch_size or change the factors")
-    require(actor.global_batch_size % world == 0,
-            f"actor.global_batch_size={actor.global_batch_size} must split evenly over the {world} actor "
-            f"ranks; use a multiple of {world}")
-    per_rank = actor.global_batch_size // world
-    micro = min(actor.micro_batch_size, per_rank)
-    require(per_rank % micro == 0,
-            f"each actor rank's share of actor.global_batch_size ({per_rank}) must be a multiple of "
-            f"actor.micro_batch_size={actor.micro_batch_size}; use a divisor of {per_rank}")
-    require(cfg.runner.eval_episodes % cfg.runner.eval_num_envs == 0,
-            f"runner.eval_episodes={cfg.runner.eval_episodes} must be a multiple of "
-            f"runner.eval_num_envs={cfg.runner.eval_num_envs}; round it to a multiple")
+def _check_actor_shards(topology: Topology) -> None:
+    """Every rollout stage batch is split into one shard per actor rank."""
+    batch, world = topology.envs_per_rollout_batch, topology.actor_world_size
+    require(batch % world == 0,
+            f"each rollout stage batch ({batch} sub-envs) must split evenly over the {world} actor ranks; make "
+            f"env.num_envs a multiple of {topology.num_rollout_workers * topology.stages * world}")
 
 
 def resolve_topology(cfg, num_gpus: Optional[int] = None) -> Topology:
@@ -140,10 +122,12 @@ def resolve_topology(cfg, num_gpus: Optional[int] = None) -> Topology:
     GPUs to assume instead of probing). Raises ``ConfigError`` naming the key and the fix."""
     kind, ids = _parse(cfg, num_gpus)
     _check_backend(cfg, kind, ids)
-    num_env, num_rollout, world = (len(ids[c]) for c in COMPONENTS)
-    _check_envs(cfg, num_env, num_rollout, world)
-    _check_batches(cfg, world)
+    num_env, num_rollout = len(ids["env"]), len(ids["rollout"])
+    _check_envs(cfg, num_env, num_rollout)
+    stages = cfg.env.pipeline_stage_num
     topology = Topology(device_kind=kind, env_ids=tuple(ids["env"]), rollout_ids=tuple(ids["rollout"]),
-                        actor_ids=tuple(ids["actor"]), stages=cfg.env.pipeline_stage_num,
-                        envs_per_stage=cfg.env.num_envs // num_env // cfg.env.pipeline_stage_num)
+                        actor_ids=tuple(ids["actor"]), stages=stages,
+                        envs_per_stage=cfg.env.num_envs // num_env // stages,
+                        env_workers_per_rollout=num_env // num_rollout)
+    _check_actor_shards(topology)
     return topology

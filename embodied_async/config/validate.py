@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
 from embodied_async.config.schema import TrainConfig
@@ -60,9 +60,12 @@ def _reject_unknown_keys(node: Dict[str, Any], schema: DictConfig, path: str) ->
 
 def _merge(cfg: DictConfig, schema: DictConfig, classes: Dict[str, type]) -> TrainConfig:
     try:
-        merged = OmegaConf.merge(schema, cfg)
+        return OmegaConf.to_object(OmegaConf.merge(schema, cfg))
     except ConfigKeyError as err:  # what the walk above cannot see (e.g. keys added by interpolation)
         raise ConfigError(f"unknown config key '{err.full_key or err.key}'. Fix the spelling or remove it.") from None
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} is required but not set: give it a value in the YAML or on the command "
+                          f"line ({err.full_key}=...)") from None
     except ValidationError as err:
         section = str(err.full_key).split(".")[0]
         owner = classes.get(section, TrainConfig)
@@ -71,7 +74,6 @@ def _merge(cfg: DictConfig, schema: DictConfig, classes: Dict[str, type]) -> Tra
             f"declared in {owner.__module__}.{owner.__qualname__}.") from None
     except OmegaConfBaseException as err:  # interpolation errors and the like
         raise ConfigError(f"config error at '{getattr(err, 'full_key', '?')}': {err}") from None
-    return OmegaConf.to_object(merged)
 
 
 def resolve(cfg: Any, num_gpus: Optional[int] = None) -> Tuple[TrainConfig, Topology]:
@@ -102,6 +104,7 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     choice(cfg.model.precision, "model.precision", ("float32", "bfloat16"))
     _check_counts(cfg)  # before the topology, which divides by these
     topology = resolve_topology(cfg, num_gpus)
+    _check_batches(cfg, topology.actor_world_size)
     _check_algorithm(cfg)
     _check_actor_and_runner(cfg)
     if cfg.runner.resume_dir is not None:
@@ -171,6 +174,29 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
               "use 0 to turn it off, or N for every N steps")
     bound(runner.max_env_steps, "runner.max_env_steps", lambda v: v >= 1, "must be positive", "set an env-step budget",
           null="to stop at runner.max_steps only")
+
+
+def _check_batches(cfg: TrainConfig, world: int) -> None:
+    """Trajectories and minibatches divide evenly over the actor ranks."""
+    store = cfg.algorithm.rollout_store_size_per_rank
+    batch = store * cfg.env.num_envs * cfg.rollout.num_steps
+    actor = cfg.actor
+    require(batch % actor.global_batch_size == 0,
+            f"one update's batch (algorithm.rollout_store_size_per_rank x env.num_envs x rollout.num_steps = "
+            f"{store} x {cfg.env.num_envs} x {cfg.rollout.num_steps} = {batch} decisions) must be a multiple "
+            f"of actor.global_batch_size={actor.global_batch_size}; pick a divisor of {batch} for "
+            "actor.global_batch_size or change the factors")
+    require(actor.global_batch_size % world == 0,
+            f"actor.global_batch_size={actor.global_batch_size} must split evenly over the {world} actor "
+            f"ranks; use a multiple of {world}")
+    per_rank = actor.global_batch_size // world
+    micro = min(actor.micro_batch_size, per_rank)
+    require(per_rank % micro == 0,
+            f"each actor rank's share of actor.global_batch_size ({per_rank}) must be a multiple of "
+            f"actor.micro_batch_size={actor.micro_batch_size}; use a divisor of {per_rank}")
+    require(cfg.runner.eval_episodes % cfg.runner.eval_num_envs == 0,
+            f"runner.eval_episodes={cfg.runner.eval_episodes} must be a multiple of "
+            f"runner.eval_num_envs={cfg.runner.eval_num_envs}; round it to a multiple")
 
 
 def _check_resume_dir(path: str) -> None:

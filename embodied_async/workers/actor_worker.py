@@ -94,7 +94,7 @@ class ActorWorker:
         for method in ("evaluate", "value", "predict"):
             register_fsdp_forward_method(policy, method)
         self.policy = policy
-        value_prefixes = getattr(policy, "value_parameter_prefixes", ())
+        value_prefixes = policy.value_parameter_prefixes
         groups: Dict[str, list] = {"policy": [], "value": []}
         self.trainable_names = set()
         for name, param in policy.named_parameters():

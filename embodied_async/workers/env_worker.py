@@ -62,6 +62,7 @@ class EnvWorker:
         stages, per_stage = topology.stages, topology.envs_per_stage
         self.envs = [build_env(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
         self.stats = [EpisodeStats(per_stage) for _ in range(stages)]
+        self.reports_success = self.envs[0].spec.reports_success
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
         self.timer = BusyTimer()
         self._lock = threading.Lock()
@@ -147,6 +148,8 @@ class EnvWorker:
                "env/nonfinite_dropped": float(nonfinite), "time/env": self.timer.pop().get("env", 0.0)}
         # no episode finished in this interval: the means are undefined (null in metrics.jsonl)
         returns, lengths, successes = zip(*episodes) if episodes else ([np.nan],) * 3
+        if not self.reports_success:  # the task has no notion of success: null, not 0
+            successes = [np.nan]
         out.update({"env/success_rate": float(np.mean(successes)), "env/episode_return": float(np.mean(returns)),
                     "env/episode_len": float(np.mean(lengths))})
         return out

@@ -40,6 +40,7 @@ class RolloutWorker:
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
         self.policy = build_policy(cfg.model, env_spec).to(self.device).eval()
+        self.reports_success = env_spec.reports_success
         torch.manual_seed(seed)  # each rollout rank draws its own exploration noise
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
         self.actor_channel, self.weight_channel = channels.trajectories, channels.weights
@@ -224,7 +225,8 @@ class RolloutWorker:
                     episode_returns.append(returns[i])
                     counts[i] += 1
                 returns[i] = 0.0
-        return {"eval/success_rate": float(np.mean(successes)), "eval/episode_return": float(np.mean(episode_returns)),
+        success_rate = float(np.mean(successes)) if self.reports_success else float("nan")
+        return {"eval/success_rate": success_rate, "eval/episode_return": float(np.mean(episode_returns)),
                 "eval/version": float(version)}
 
     def close(self) -> None:

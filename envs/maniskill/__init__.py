@@ -1,9 +1,17 @@
 """ManiSkill3 env family (``env.name: maniskill``): ``configuration_maniskill`` holds its config,
-``maniskill_env`` the batched env (ManiSkill itself is imported only where an env is built)."""
+``maniskill_env`` the batched env. The names below are imported on first use, so loading the
+family's config (every run does) imports neither the env module nor ManiSkill."""
 
-from __future__ import annotations
+import importlib
 
-from .configuration_maniskill import ManiSkillConfig
-from .maniskill_env import ManiSkillEnv, bootstrap_flags, check_task_assets, task_instruction
+_MODULE_OF = {"ManiSkillConfig": "configuration_maniskill", "ManiSkillEnv": "maniskill_env",
+              "bootstrap_flags": "maniskill_env", "check_task_assets": "maniskill_env",
+              "task_instruction": "maniskill_env"}
 
-__all__ = ["ManiSkillConfig", "ManiSkillEnv", "bootstrap_flags", "check_task_assets", "task_instruction"]
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'envs.maniskill' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

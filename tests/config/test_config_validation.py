@@ -188,6 +188,11 @@ def test_wrong_type_names_the_key(tmp_path):
         to_train_config({"model": {"name": "mlp"}, "env": {"name": "maniskill", "num_envs": "many"}})
 
 
+def test_a_required_key_left_unset_is_named():
+    with pytest.raises(ConfigError, match=r"env.task_id is required but not set: .*\(env.task_id=...\)"):
+        to_train_config({"model": {"name": "mlp"}, "env": {"name": "maniskill"}})
+
+
 @pytest.mark.parametrize("section", ["model", "env"])
 def test_a_missing_family_name_lists_the_registered_ones(section):
     cfg = {"model": {"name": "mlp"}, "env": {"name": "maniskill", "task_id": "PushCube-v1"}}

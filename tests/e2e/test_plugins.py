@@ -15,6 +15,7 @@ from conftest import REPO_ROOT
 from embodied_async.config import ConfigError, to_train_config
 
 PLUGIN_SOURCE = os.path.join(REPO_ROOT, "tests", "support", "example_plugin")
+PLUGIN_CONFIGS = os.path.join(PLUGIN_SOURCE, "configs")  # the plugin's recipe and its group files
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 PLUGIN_NAMES = ("linear_gaussian", "drift_point", "example_plugin", "LinearPolicyConfig", "DriftPointConfig")
 
@@ -25,7 +26,7 @@ def installed(tmp_path_factory):
     and, through PYTHONPATH, in the processes this module starts. Yields that folder."""
     root = tmp_path_factory.mktemp("plugin")
     source, site = root / "source", root / "site"
-    shutil.copytree(PLUGIN_SOURCE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(PLUGIN_SOURCE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "configs"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                     "--no-build-isolation", "--target", str(site), str(source)], check=True, timeout=300)
     sys.path.insert(0, str(site))
@@ -61,7 +62,7 @@ def compose(overrides=(), config_dir=None):
     from embodied_async.config.hydra_schema import register_schema
 
     register_schema()
-    config_dir = config_dir or os.path.join(PLUGIN_SOURCE, "example_plugin", "configs")
+    config_dir = config_dir or PLUGIN_CONFIGS
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return hydra_compose(config_name="drift_linear_ppo", overrides=list(overrides))
 
@@ -75,7 +76,7 @@ def test_hydra_composes_the_recipe_with_their_typed_configs(installed):
 @pytest.mark.parametrize("section, file", [("model", "linear.yaml"), ("env", "drift.yaml")])
 def test_an_unknown_key_in_their_yaml_is_named(installed, tmp_path, section, file):
     configs = tmp_path / "configs"
-    shutil.copytree(os.path.join(PLUGIN_SOURCE, "example_plugin", "configs"), configs)
+    shutil.copytree(PLUGIN_CONFIGS, configs)
     with open(configs / section / file, "a") as f:
         f.write("horizn: 3\n")
     with pytest.raises(Exception, match=rf"Key 'horizn' not in '\w+Config'[\s\S]*full_key: {section}.horizn"):
@@ -95,7 +96,7 @@ def test_an_unknown_key_in_their_yaml_is_named(installed, tmp_path, section, fil
 def test_their_recipe_trains_two_updates_through_the_entry_point(installed, tmp_path):
     log_path = tmp_path / "logs"
     proc = subprocess.run(
-        [sys.executable, ENTRY, "--config-dir", os.path.join(PLUGIN_SOURCE, "example_plugin", "configs"),
+        [sys.executable, ENTRY, "--config-dir", PLUGIN_CONFIGS,
          "--config-name", "drift_linear_ppo", f"runner.logger.log_path={log_path}"],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=plugin_env(installed))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -70,15 +70,16 @@ class PointEnv:
         pass
 
 
-def _family(name: str, builder: str) -> type:
-    config = dataclass(type(f"{name}_config", (EnvConfig,), {
-        "__annotations__": {"name": str, "builder": ClassVar[str]}, "name": name, "builder": builder}))
+def _family(class_name: str, name: str, builder: str) -> type:
+    config = dataclass(type(class_name, (EnvConfig,), {
+        "__annotations__": {"name": str, "builder": ClassVar[str]}, "name": name, "builder": builder,
+        "__module__": __name__}))
     return register_family("env", config)
 
 
-FaultyPointConfig = _family("faulty_point", "fake_envs:build_faulty_point")
-CrashingPointConfig = _family("crashing_point", "fake_envs:build_crashing_point")
-OutcomePointConfig = _family("outcome_point", "fake_envs:build_outcome_point")
+FaultyPointConfig = _family("FaultyPointConfig", "faulty_point", "fake_envs:build_faulty_point")
+CrashingPointConfig = _family("CrashingPointConfig", "crashing_point", "fake_envs:build_crashing_point")
+OutcomePointConfig = _family("OutcomePointConfig", "outcome_point", "fake_envs:build_outcome_point")
 
 
 def build_faulty_point(env_cfg, num_envs, seed):
