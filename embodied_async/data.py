@@ -135,10 +135,10 @@ PER_ENV = {"env_dim": 0}  # [B, ...]
 UNBATCHED = {"env_dim": None}
 
 
-def _map_tree(fn: Callable, value: Any) -> Any:
+def map_tree(fn: Callable, value: Any) -> Any:
     """``fn`` on a tensor, or on every tensor of a (nested) dict of them."""
     if isinstance(value, dict):
-        return {k: _map_tree(fn, v) for k, v in value.items()}
+        return {k: map_tree(fn, v) for k, v in value.items()}
     return fn(value)
 
 
@@ -215,7 +215,7 @@ class Trajectory:
     def map(self, fn: Callable[[Any, int], Any]) -> "Trajectory":
         """A trajectory with ``fn(tensor, env_dim)`` applied to every batched tensor; moments kept."""
         return dataclasses.replace(self, **{
-            f.name: _map_tree(lambda t, d=f.metadata["env_dim"]: fn(t, d), getattr(self, f.name))
+            f.name: map_tree(lambda t, d=f.metadata["env_dim"]: fn(t, d), getattr(self, f.name))
             for f in self.batched_fields()})
 
     @classmethod

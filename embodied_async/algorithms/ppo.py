@@ -17,6 +17,7 @@ import torch
 from embodied_async.algorithms.advantages import normalize_advantages
 from embodied_async.algorithms.ppo_loss import decoupled_ppo_actor_loss, masked_mean, value_loss
 from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
+from embodied_async.data import map_tree
 
 
 @dataclass
@@ -37,9 +38,7 @@ class PPOBatch:
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "PPOBatch":
         """A batch with ``fn`` applied to every tensor (those in ``forward_inputs`` too)."""
-        mapped = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return PPOBatch(**{name: {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
-                           for name, value in mapped.items()})
+        return PPOBatch(**{f.name: map_tree(fn, getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     def rows(self, index: torch.Tensor) -> "PPOBatch":
         return self.map(lambda t: t[index])

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from embodied_async.config.checks import ConfigError, require
-
-COMPONENTS = ("env", "rollout", "actor")
+from embodied_async.scheduler.placement import DEFAULT_COMPONENTS as COMPONENTS
+from embodied_async.scheduler.placement import PlacementError, detect_num_gpus, parse_placement
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,6 @@ class Topology:
 
 
 def _parse(cfg, num_gpus: Optional[int]):
-    from embodied_async.scheduler.placement import PlacementError, detect_num_gpus, parse_placement
-
     if num_gpus is None:
         num_gpus = detect_num_gpus()
     kind = cfg.cluster.device_type
