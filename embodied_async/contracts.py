@@ -89,7 +89,9 @@ class Policy(Protocol):
 
     It is a ``torch.nn.Module``: the actor shards it with FSDP2 and the rollout loads published
     weights into it by parameter name. Parameters with ``requires_grad=False`` (a frozen backbone
-    under LoRA) are neither trained nor published.
+    under LoRA) are neither trained nor published; trainable ones are kept in float32 by the
+    actor. Optional: ``fsdp_units()``, the submodules (e.g. transformer layers) the actor shards
+    as their own FSDP units, so a large model is gathered one unit at a time.
     """
 
     value_parameter_prefixes: Tuple[str, ...]

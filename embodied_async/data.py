@@ -248,5 +248,10 @@ class WeightMessage:
     trajectories the actor has consumed or dropped so far (the rollout's throttle)."""
 
     version: int
-    state_dict: Dict[str, Any]
+    # ``channel.share(state_dict)``: one stored copy for all rollout ranks
+    weights: Any
     acknowledged: Dict[int, int] = field(default_factory=dict)
+
+    @property
+    def state_dict(self) -> Dict[str, Any]:
+        return self.weights.get()

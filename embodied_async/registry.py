@@ -132,9 +132,20 @@ def _checked(section: str, cfg: Any, built: Any) -> Any:
     return built
 
 
-def build_policy(model_cfg: ModelConfig, env_spec) -> Policy:
-    """The policy ``model_cfg``'s family builds for ``env_spec``, checked against ``Policy``."""
-    return _checked("model", model_cfg, _builder("model", model_cfg)(model_cfg, env_spec))
+def build_policy(model_cfg: ModelConfig, env_spec, device=None) -> Policy:
+    """The policy ``model_cfg``'s family builds for ``env_spec``, checked against ``Policy``, on
+    ``device``: it is the default device while the builder runs, so weights are created (or
+    loaded) there directly instead of on the host first (eight processes each holding a 7B
+    copy in host memory at start-up would need ~120 GB). Then moved there, in case the builder
+    placed something elsewhere."""
+    builder = _builder("model", model_cfg)
+    if device is None:
+        return _checked("model", model_cfg, builder(model_cfg, env_spec))
+    import torch
+
+    with torch.device(device):
+        policy = builder(model_cfg, env_spec)
+    return _checked("model", model_cfg, policy.to(device))
 
 
 def build_env(env_cfg: EnvConfig, num_envs: int, seed: int) -> Env:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -106,6 +107,26 @@ def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
         f.write(os.path.basename(final) + "\n")
     os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
     return final
+
+
+def prune_checkpoints(root: str, keep: Optional[int], protect: Optional[str] = None) -> List[str]:
+    """Delete the oldest ``global_step_<N>`` folders under ``root`` until ``keep`` remain (None:
+    keep all); ``protect`` (the run's resume source) is never deleted. Returns what was deleted."""
+    if keep is None:
+        return []
+    steps = []
+    for name in os.listdir(root):
+        match = re.fullmatch(r"global_step_(\d+)", name)
+        if match and os.path.isdir(os.path.join(root, name)):
+            steps.append((int(match.group(1)), os.path.join(root, name)))
+    steps.sort()
+    protected = os.path.realpath(protect) if protect else None
+    deleted = []
+    for _, path in steps[:max(0, len(steps) - keep)]:
+        if os.path.realpath(path) != protected:
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+    return deleted
 
 
 def read_resume_state(resume_dir: Optional[str]) -> Dict:
@@ -230,6 +251,9 @@ class Runner:
         path = save_checkpoint(self.graph, self.checkpoint_root, self.state["step"], dict(self.state))
         self.last_saved_step = self.state["step"]
         print(f"[runner] checkpoint saved: {path}", flush=True)
+        for old in prune_checkpoints(self.checkpoint_root, self.cfg.runner.keep_checkpoints, self.cfg.runner.resume_dir):
+            print(f"[runner] removed old checkpoint {old} (runner.keep_checkpoints={self.cfg.runner.keep_checkpoints})",
+                  flush=True)
         return path
 
     def _on_interrupt(self) -> None:

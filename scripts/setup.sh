@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up of a machine for embodied_async:
-#   1. on a machine without an NVIDIA GPU, the software-rendering system packages
-#      (Mesa lavapipe Vulkan >= 24.3 for ManiSkill, EGL for MuJoCo);
+#   1. the rendering system packages: on a machine with an NVIDIA GPU the Vulkan loader and EGL
+#      (the driver brings the rest); without one, software rendering (Mesa lavapipe Vulkan
+#      >= 24.3 for ManiSkill, EGL for MuJoCo);
 #   2. a virtual environment in .venv;
 #   3. the project installed into it (editable, with the test extra);
 #   4. a one-line sanity check.
@@ -19,6 +20,8 @@ log() { printf '[setup] %s\n' "$*"; }
 # ManiSkill's CPU renderer needs lavapipe from Mesa >= 24.3.
 MESA_MIN_VERSION=24.3
 SYSTEM_PACKAGES=(mesa-vulkan-drivers libvulkan1 libegl1 libgl1 libegl-mesa0 libgles2)
+# SAPIEN renders through Vulkan: the loader is a system package, the NVIDIA ICD comes with the driver
+NVIDIA_PACKAGES=(libvulkan1 libegl1 libgl1)
 STAMP=.venv/.embodied_async_installed
 
 has_nvidia_gpu() {
@@ -26,13 +29,26 @@ has_nvidia_gpu() {
     [ -n "$(nvidia-smi -L 2>/dev/null || true)" ]
 }
 
-# True when every system package is installed and Mesa's version is new enough.
-system_packages_ok() {
-    local pkg status mesa_version
-    for pkg in "${SYSTEM_PACKAGES[@]}"; do
+# Prints "" as root and "sudo " where password-less sudo works; fails otherwise.
+root_prefix() {
+    if [ "$(id -u)" -eq 0 ]; then
+        return 0
+    fi
+    command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && printf 'sudo '
+}
+
+packages_installed() {
+    local pkg status
+    for pkg in "$@"; do
         status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
         [ "$status" = "install ok installed" ] || return 1
     done
+}
+
+# True when every system package is installed and Mesa's version is new enough.
+system_packages_ok() {
+    local mesa_version
+    packages_installed "${SYSTEM_PACKAGES[@]}" || return 1
     mesa_version=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)
     # Strip an epoch ("1:25.0.7-2" -> "25.0.7-2") before comparing.
     dpkg --compare-versions "${mesa_version#*:}" ge "$MESA_MIN_VERSION"
@@ -97,7 +113,7 @@ install_system_packages() {
         return 0
     fi
     if has_nvidia_gpu; then
-        log "NVIDIA GPU found: skipping software-rendering packages"
+        install_nvidia_rendering
         return 0
     fi
     if ! command -v dpkg-query >/dev/null 2>&1 || [ -z "$(debian_major)" ]; then
@@ -116,16 +132,12 @@ install_system_packages() {
         return 0
     fi
 
-    local prefix=""
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-            prefix="sudo "
-        else
-            log "no NVIDIA GPU, and Mesa >= $MESA_MIN_VERSION (lavapipe) or EGL is missing; please run:"
-            system_install_commands "sudo " | sed 's/^/[setup]     /'
-            log "continuing without them: simulators cannot render until they are installed"
-            return 0
-        fi
+    local prefix
+    if ! prefix=$(root_prefix); then
+        log "no NVIDIA GPU, and Mesa >= $MESA_MIN_VERSION (lavapipe) or EGL is missing; please run:"
+        system_install_commands "sudo " | sed 's/^/[setup]     /'
+        log "continuing without them: simulators cannot render until they are installed"
+        return 0
     fi
 
     local cmd
@@ -139,6 +151,32 @@ install_system_packages() {
         exit 1
     fi
     log "software rendering ready (mesa-vulkan-drivers $(dpkg-query -W -f='${Version}' mesa-vulkan-drivers))"
+}
+
+# On an NVIDIA machine: the Vulkan loader and EGL, and a check that the driver's Vulkan ICD is
+# there (containers need NVIDIA_DRIVER_CAPABILITIES to include "graphics" for it).
+install_nvidia_rendering() {
+    if ! command -v dpkg-query >/dev/null 2>&1; then
+        log "NVIDIA GPU, not a Debian system: make sure the Vulkan loader (libvulkan.so.1) and EGL are installed"
+    elif packages_installed "${NVIDIA_PACKAGES[@]}"; then
+        log "NVIDIA GPU: Vulkan loader and EGL installed"
+    else
+        local prefix
+        if ! prefix=$(root_prefix); then
+            log "NVIDIA GPU: ManiSkill needs the Vulkan loader; please run:"
+            log "  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${NVIDIA_PACKAGES[*]}"
+            return 0
+        fi
+        log "NVIDIA GPU: installing ${NVIDIA_PACKAGES[*]}"
+        ${prefix}apt-get update
+        ${prefix}env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${NVIDIA_PACKAGES[@]}"
+    fi
+    local icd
+    for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
+        [ -f "$icd" ] && return 0
+    done
+    log "warning: no NVIDIA Vulkan ICD (nvidia_icd.json) found: SAPIEN cannot render on the GPU. In a container,"
+    log "  start it with NVIDIA_DRIVER_CAPABILITIES=all (or compute,utility,graphics)"
 }
 
 create_venv() {

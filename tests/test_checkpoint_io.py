@@ -238,3 +238,17 @@ def test_loading_never_unpickles(tmp_path, monkeypatch):
     assert_same(tree, load_tree(str(tmp_path), "trainer"))
     with pytest.raises(AssertionError):  # the patches are live
         pickle.loads(pickle.dumps(1))
+
+
+def test_prune_keeps_the_newest_by_step_number_and_the_resume_source(tmp_path):
+    from embodied_async.runner import prune_checkpoints
+
+    for step in (1, 2, 10, 20):
+        (tmp_path / f"global_step_{step}").mkdir()
+    (tmp_path / "global_step_3.tmp").mkdir()  # a save in progress is not a checkpoint
+    assert prune_checkpoints(str(tmp_path), None) == []
+    deleted = prune_checkpoints(str(tmp_path), 2, protect=str(tmp_path / "global_step_1"))
+    assert sorted(os.path.basename(p) for p in deleted) == ["global_step_2"]
+    assert sorted(os.listdir(tmp_path)) == ["global_step_1", "global_step_10", "global_step_20", "global_step_3.tmp"]
+    prune_checkpoints(str(tmp_path), 1)
+    assert sorted(os.listdir(tmp_path)) == ["global_step_20", "global_step_3.tmp"]

@@ -52,7 +52,8 @@ class UpdateSettings:
     world_size: int
     version: int  # the actor's version before this update (= the proximal policy's)
     recompute_logprobs: bool
-    train_policy: bool  # False during critic warm-up
+    # optimiser steps still to take in critic warm-up: those steps train only the value head
+    critic_warmup_left: int
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float
@@ -95,7 +96,7 @@ def _all_finite(loss_finite: bool, grad_norm: torch.Tensor, all_reduce_sum: Call
 
 
 def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s: UpdateSettings,
-                      normalizer: float) -> Tuple[torch.Tensor, Dict[str, float]]:
+                      normalizer: float, train_policy: bool) -> Tuple[torch.Tensor, Dict[str, float]]:
     """The loss of one micro-batch (scaled by the minibatch's global ``normalizer``) and its
     per-sample metrics. ``proximal``: recomputed log pi_p, or None to interpolate it by version."""
     # ---- forward: current log-probs, entropy, values ----
@@ -112,7 +113,7 @@ def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s:
                                    mc.loss_mask, loss_normalizer=normalizer)
     ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
     loss = s.value_loss_coef * v_loss
-    if s.train_policy:
+    if train_policy:
         loss = loss + pg_loss - s.entropy_coef * ent
     # ---- bookkeeping: per-sample means of the micro-batch ----
     to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
@@ -121,8 +122,42 @@ def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s:
     return loss, {**pg_metrics, **v_metrics, "train/actor/entropy": float(ent.detach()) * to_mean}
 
 
+def _drop_policy_gradients(optimizer) -> None:
+    """Critic warm-up: only the value head may move. The value loss also back-propagates into
+    the shared trunk (LoRA adapters), so those gradients are dropped before the step: a
+    parameter without a gradient is skipped by the optimiser (no weight decay, no moments)."""
+    for group in optimizer.param_groups:
+        if group.get("name") == "policy":
+            for param in group["params"]:
+                param.grad = None
+
+
+def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Tensor,
+                          proximal: Optional[torch.Tensor], s: UpdateSettings, normalizer: float,
+                          train_policy: bool, device) -> Tuple[bool, list, torch.Tensor]:
+    """Forward and backward over the micro-batches of one minibatch, then clip: returns whether
+    every loss was finite, the per-micro-batch metrics and the global gradient norm."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_finite, step_metrics = True, []
+    for mc_start in range(0, len(mb_index), s.micro_batch_size):
+        index = mb_index[mc_start:mc_start + s.micro_batch_size]
+        mc = _to(device, batch.rows(index))
+        prox = proximal[index].to(device) if proximal is not None else None
+        loss, micro_metrics = _micro_batch_loss(policy, mc, prox, s, normalizer, train_policy)
+        loss_finite &= bool(torch.isfinite(loss.detach()))
+        loss.backward()
+        step_metrics.append(micro_metrics)
+    if not train_policy:
+        _drop_policy_gradients(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    return loss_finite, step_metrics, grad_norm
+
+
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
                generator: torch.Generator, device="cpu") -> Dict[str, float]:
+    """Epochs of minibatch steps; the optimiser's groups are named "policy" and "value"."""
     # ---- proximal log-probs: a forward pass now, or interpolated by version per minibatch ----
     proximal = recompute_logprobs(policy, batch, s.micro_batch_size, device) if s.recompute_logprobs else None
 
@@ -132,7 +167,7 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
 
     sums: Dict[str, float] = defaultdict(float)
     counts: Dict[str, int] = defaultdict(int)
-    epochs_run, nonfinite_skipped = 0, 0
+    epochs_run, nonfinite_skipped, steps_taken = 0, 0, 0
     for _ in range(s.epochs):
         epoch_kl, epoch_minibatches = 0.0, 0
         order = torch.randperm(len(batch), generator=generator)
@@ -141,19 +176,9 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             # every rank divides by the global valid count / world: FSDP averages over ranks
             valid = all_reduce_sum(batch.loss_mask[mb_index].sum().float().reshape(1))[0]
             normalizer = max(float(valid), 1.0) / s.world_size
-            optimizer.zero_grad(set_to_none=True)
-            loss_finite, step_metrics = True, []
-            for mc_start in range(0, len(mb_index), s.micro_batch_size):
-                index = mb_index[mc_start:mc_start + s.micro_batch_size]
-                mc = _to(device, batch.rows(index))
-                prox = proximal[index].to(device) if proximal is not None else None
-                loss, micro_metrics = _micro_batch_loss(policy, mc, prox, s, normalizer)
-                loss_finite &= bool(torch.isfinite(loss.detach()))
-                loss.backward()
-                step_metrics.append(micro_metrics)
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
+            train_policy = steps_taken >= s.critic_warmup_left
+            loss_finite, step_metrics, grad_norm = _accumulate_gradients(
+                policy, optimizer, batch, mb_index, proximal, s, normalizer, train_policy, device)
             # ---- a NaN/inf loss or gradient would poison the weights for good: skip that step ----
             if not _all_finite(loss_finite, grad_norm, all_reduce_sum, s.world_size):
                 optimizer.zero_grad(set_to_none=True)
@@ -168,10 +193,11 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             sums["train/actor/grad_norm"] += float(grad_norm)
             counts["train/actor/grad_norm"] += 1
             optimizer.step()
+            steps_taken += 1
         epochs_run += 1
         # ---- early stop once the policy moved too far from the proximal anchor ----
         kl = all_reduce_sum(torch.tensor([epoch_kl / max(epoch_minibatches, 1)]))[0] / s.world_size
-        if s.target_kl is not None and s.train_policy and float(kl) > s.target_kl:
+        if s.target_kl is not None and steps_taken > s.critic_warmup_left and float(kl) > s.target_kl:
             break
 
     # an update whose every step was skipped as non-finite still reports its losses (as NaN)
@@ -179,5 +205,6 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                                                "train/critic/value_clip_fraction")}
     metrics.update({name: sums[name] / counts[name] for name in sums})
     metrics["train/actor/epochs"] = float(epochs_run)
+    metrics["train/actor/optimizer_steps"] = float(steps_taken)
     metrics["train/actor/nonfinite_skipped"] = float(nonfinite_skipped)
     return metrics

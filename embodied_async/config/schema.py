@@ -10,9 +10,12 @@ wrong type fails at start-up, naming the key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, Optional
+from typing import ClassVar, Dict, List, Optional
 
-from omegaconf import MISSING
+try:
+    from omegaconf import MISSING
+except ImportError:  # scripts/gpu_check.py reads these classes on machines without omegaconf
+    MISSING = "???"  # omegaconf's own marker value
 
 
 @dataclass
@@ -64,6 +67,15 @@ class EnvConfig:
         """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).
         Called after the framework's checks; may import the simulator."""
 
+    def memory_estimate(self, workload) -> Optional[Dict[str, float]]:
+        """GPU bytes per item of one env process (``runner.dry_run``; ``workload``:
+        ``embodied_async.plan.Workload``); None where the family does not use a GPU or cannot say."""
+        return None
+
+    def memory_notes(self) -> List[str]:
+        """Assumptions behind ``memory_estimate`` worth printing with it."""
+        return []
+
 
 @dataclass
 class ModelConfig:
@@ -85,6 +97,16 @@ class ModelConfig:
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
+
+    def memory_estimate(self, workload) -> Optional[Dict[str, Dict[str, float]]]:
+        """GPU bytes per item for ``runner.dry_run``: ``{"rollout": {...}, "actor": {...},
+        "evaluation": {...}}`` for one process of each (``workload``: ``embodied_async.plan.Workload``);
+        None when the family cannot say."""
+        return None
+
+    def memory_notes(self) -> List[str]:
+        """Assumptions behind ``memory_estimate`` worth printing with it."""
+        return []
 
 
 @dataclass
@@ -131,7 +153,11 @@ class ActorConfig:
     micro_batch_size: int = 100
     lr: float = 3e-4
     value_lr: Optional[float] = None  # None: same as lr
-    critic_warmup_steps: int = 0  # first updates train only the value head
+    # the first N optimiser steps train only the value head (every other parameter keeps its
+    # value bit for bit), so a fresh value head does not push noisy advantages into the policy
+    critic_warmup_steps: int = 0
+    optimizer: str = "adam"  # "adam" (weight decay as L2 in the gradient) | "adamw" (decoupled)
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 0.5
@@ -151,6 +177,13 @@ class RunnerConfig:
     eval_episodes: int = 32
     eval_num_envs: int = 8
     save_interval: int = 50  # checkpoint every N steps (0: only on exit)
+    # how many checkpoints stay on disk (the oldest go first); None keeps them all
+    keep_checkpoints: Optional[int] = None
+    # False: checkpoints hold the trainable parameters (all of them for MLP/CNN, adapters and
+    # value head under LoRA) and name the base checkpoint; True: also every frozen weight
+    checkpoint_frozen_weights: bool = False
+    # compose and validate the recipe, print the plan (placement, batches, memory), start nothing
+    dry_run: bool = False
     resume_dir: Optional[str] = None
     seed: int = 0
     logger: LoggerConfig = field(default_factory=LoggerConfig)

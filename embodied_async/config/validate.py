@@ -103,6 +103,13 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
     choice(cfg.model.precision, "model.precision", ("float32", "bfloat16"))
     _check_counts(cfg)  # before the topology, which divides by these
+    if num_gpus is None and cfg.runner.dry_run and cfg.cluster.device_type == "gpu":
+        from embodied_async.plan import planned_num_gpus
+
+        try:  # a dry run plans for the machine the placement names, not this one
+            num_gpus = planned_num_gpus(cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     topology = resolve_topology(cfg, num_gpus)
     _check_batches(cfg, topology.actor_world_size)
     _check_algorithm(cfg)
@@ -164,6 +171,9 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
     bound(actor.lr, "actor.lr", lambda v: v > 0, "must be > 0", "use e.g. 3e-4")
     bound(actor.value_lr, "actor.value_lr", lambda v: v > 0, "must be > 0", "use e.g. 3e-3", null="to use actor.lr")
     bound(actor.adam_eps, "actor.adam_eps", lambda v: v > 0, "must be > 0", "use e.g. 1e-5")
+    choice(actor.optimizer, "actor.optimizer", ("adam", "adamw"))
+    require(len(actor.betas) == 2 and all(0.0 <= b < 1.0 for b in actor.betas),
+            f"actor.betas={list(actor.betas)} must be two numbers in [0, 1); use e.g. [0.9, 0.999]")
     bound(actor.weight_decay, "actor.weight_decay", lambda v: v >= 0, "must be >= 0", "use 0 for none")
     bound(actor.critic_warmup_steps, "actor.critic_warmup_steps", lambda v: v >= 0, "must be >= 0",
           "use 0 for no warm-up")
@@ -172,6 +182,8 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
     for name in ("val_check_interval", "save_interval"):
         bound(getattr(runner, name), f"runner.{name}", lambda v: v >= 0, "must be >= 0",
               "use 0 to turn it off, or N for every N steps")
+    bound(runner.keep_checkpoints, "runner.keep_checkpoints", lambda v: v >= 1, "must be >= 1",
+          "keep at least the newest checkpoint", null="to keep every checkpoint")
     bound(runner.max_env_steps, "runner.max_env_steps", lambda v: v >= 1, "must be positive", "set an env-step budget",
           null="to stop at runner.max_steps only")
 

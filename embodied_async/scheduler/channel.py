@@ -22,13 +22,29 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Optional
 
-__all__ = ["ChannelClosed", "ChannelFuture", "GraphChannels", "LocalChannel", "RayChannel", "create_channel"]
+__all__ = ["ChannelClosed", "ChannelFuture", "GraphChannels", "LocalChannel", "RayChannel", "Shared", "create_channel"]
 
 _OK, _TIMEOUT, _CLOSED = "ok", "timeout", "closed"
 
 
 class ChannelClosed(Exception):
     """The channel was closed; raised by every operation waiting at or issued after close()."""
+
+
+class Shared:
+    """A payload stored once and read by every receiver of the messages that carry it.
+
+    Weights go to each rollout rank: put into a message as is, they would be serialised once per
+    rank on the way into the channel and again on the way out. ``channel.share(payload)`` stores
+    them once (Ray's object store; in process: the object itself) and the message carries only
+    this handle; ``get()`` reads the payload from the store.
+    """
+
+    def __init__(self, value: Any = None, ref: Any = None):
+        self._value, self._ref = value, ref
+
+    def get(self) -> Any:
+        return _ray().get(self._ref) if self._ref is not None else self._value
 
 
 class _KeyState:
@@ -213,6 +229,10 @@ class LocalChannel:
         """Fail all waiting and later operations with ChannelClosed; queued items are dropped."""
         with self._lock:
             self._queues.close()
+
+    def share(self, payload: Any) -> Shared:
+        """A handle to ``payload`` for messages to several receivers (in process: no copy)."""
+        return Shared(value=payload)
 
 
 class _ChannelActor:
@@ -405,6 +425,10 @@ class RayChannel:
     def close(self) -> None:
         """Fail all waiting and later operations with ChannelClosed; queued items are dropped."""
         _ray().get(self._call("close"))
+
+    def share(self, payload: Any) -> Shared:
+        """``payload`` stored once in Ray's object store; messages carry only the handle."""
+        return Shared(ref=_ray().put(payload))
 
     def destroy(self) -> None:
         """Close, then end the actor process (the channel's name becomes free again)."""

@@ -4,6 +4,7 @@ acknowledgements of what it consumed) to the rollout workers."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -24,6 +25,8 @@ from embodied_async.normalization import merge_observation_moments, normalizer_s
 from embodied_async.registry import build_policy
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import setup_worker_process
+from embodied_async.workers.sharding import (COMPUTE_DTYPES, gather_trainable, load_model_state, make_optimizer,
+                                             shard_policy, tensor_bytes, trainable_parameters)
 
 POLL_SECONDS = 0.5
 SAVE_LOCK_TIMEOUT_S = 30.0
@@ -63,6 +66,8 @@ class ActorWorker:
         self.actor_channel, self.weight_channel = channels.trajectories, channels.weights
         self.num_rollout_ranks = topology.num_rollout_workers
         self.version = 0
+        self.optimizer_steps = 0  # critic warm-up is counted in these
+        self.published_bytes = 0
         self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self._update_lock = threading.Lock()
@@ -78,34 +83,16 @@ class ActorWorker:
 
     def init_model(self, host: str, port: int) -> None:
         """Join the process group, build the policy, shard it with FSDP2, make the optimiser."""
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-
         backend = "nccl" if self.device_kind == "gpu" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
         torch.manual_seed(self.cfg.runner.seed)  # same initial weights on every rank
-        policy = build_policy(self.cfg.model, self.env_spec).to(self.device)
-        mesh = init_device_mesh("cuda" if self.device_kind == "gpu" else "cpu", (self.world_size,))
-        mp = None
-        if self.cfg.model.precision == "bfloat16":
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        fully_shard(policy, mesh=mesh, **({"mp_policy": mp} if mp else {}))
-        for method in ("evaluate", "value", "predict"):
-            register_fsdp_forward_method(policy, method)
+        policy = build_policy(self.cfg.model, self.env_spec, device=self.device)
+        shard_policy(policy, self.device_kind, self.world_size, self.cfg.model.precision)
         self.policy = policy
-        value_prefixes = policy.value_parameter_prefixes
-        groups: Dict[str, list] = {"policy": [], "value": []}
-        self.trainable_names = set()
-        for name, param in policy.named_parameters():
-            if param.requires_grad:
-                self.trainable_names.add(name)
-                groups["value" if name.startswith(tuple(value_prefixes)) else "policy"].append(param)
-        actor = self.cfg.actor
-        self.optimizer = torch.optim.Adam(
-            [{"params": groups["policy"], "lr": actor.lr},
-             {"params": groups["value"], "lr": actor.value_lr if actor.value_lr is not None else actor.lr}],
-            eps=actor.adam_eps, weight_decay=actor.weight_decay, fused=True)
+        policy_params, value_params = trainable_parameters(policy, policy.value_parameter_prefixes)
+        self.trainable_names = {name for name, p in policy.named_parameters() if p.requires_grad}
+        self.optimizer = make_optimizer(self.cfg.actor, policy_params, value_params)
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
@@ -115,23 +102,26 @@ class ActorWorker:
         return tensor.cpu()
 
     # ---- weights -----------------------------------------------------------------------------
-    def _full_state_dict(self) -> Dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return owned_copy(get_model_state_dict(self.policy,
-                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+    def trainable_state(self) -> Dict[str, torch.Tensor]:
+        """Collective: the full trainable parameters (float32) and the observation statistics."""
+        state = gather_trainable(self.policy)
+        state.update(normalizer_state(self.policy))
+        return state
 
     def publish_weights(self) -> int:
-        """Collective: gather parameters; rank 0 sends the trainable ones, the observation
-        statistics and each rollout rank's acknowledgements with the version."""
-        state = self._full_state_dict()
+        """Collective: gather the trainable parameters only (frozen weights never change); rank 0
+        stores them once, in the compute dtype the rollout runs in, and sends each rollout rank a
+        message with that handle, the version and its acknowledgements."""
+        compute_dtype = COMPUTE_DTYPES[self.cfg.model.precision]
+        published = gather_trainable(self.policy, dtype=compute_dtype)
         if self.rank == 0:
-            published = {k: v for k, v in state.items() if k in self.trainable_names}
             published.update(normalizer_state(self.policy))
+            self.published_bytes = tensor_bytes(published)
+            shared = self.weight_channel.share(published)
             for rollout_rank in range(self.num_rollout_ranks):
                 acknowledged = {stage: count for (r, stage), count in self.store.acknowledged.items()
                                 if r == rollout_rank}
-                self.weight_channel.put(WeightMessage(self.version, published, acknowledged), key=rollout_rank)
+                self.weight_channel.put(WeightMessage(self.version, shared, acknowledged), key=rollout_rank)
         return self.version
 
     # ---- training ----------------------------------------------------------------------------
@@ -174,7 +164,7 @@ class ActorWorker:
             epochs=alg.update_epochs, minibatch_size=per_rank,
             micro_batch_size=min(actor.micro_batch_size, per_rank), world_size=self.world_size, version=self.version,
             recompute_logprobs=self.cfg.rollout.recompute_logprobs,
-            train_policy=self.version >= actor.critic_warmup_steps, clip_ratio_low=alg.clip_ratio_low,
+            critic_warmup_left=max(0, actor.critic_warmup_steps - self.optimizer_steps), clip_ratio_low=alg.clip_ratio_low,
             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
             behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
             huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
@@ -200,6 +190,7 @@ class ActorWorker:
         self.policy.train()
         metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
                              self.generator, self.device)
+        self.optimizer_steps += int(metrics["train/actor/optimizer_steps"])
         versions = traj.versions.float()
         out = {**metrics, **self.store.pop_metrics(),
                "train/critic/explained_variance": explained,
@@ -209,6 +200,7 @@ class ActorWorker:
                "train/actor/num_samples": float(batch.loss_mask.sum())}
         self.version += 1
         self.publish_weights()
+        out["train/actor/published_bytes"] = float(self.published_bytes)
         out["time/actor_training"] = time.perf_counter() - start
         out["time/actor_data_wait"] = start - wait_start
         return self._average_metrics(out)
@@ -222,43 +214,60 @@ class ActorWorker:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> int:
-        """Collective; rank 0 writes the full model, optimiser state and version (no pickle)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
+        """Collective; rank 0 writes the model state, optimiser state and counters (no pickle)."""
         if not self._update_lock.acquire(timeout=SAVE_LOCK_TIMEOUT_S):
             raise RuntimeError("an update is still running on the actor; not saving a half-updated model")
         try:
-            self._write_checkpoint(folder, StateDictOptions, get_optimizer_state_dict)
+            self._write_checkpoint(folder)
         finally:
             self._update_lock.release()
         return self.version
 
-    def _write_checkpoint(self, folder: str, StateDictOptions, get_optimizer_state_dict) -> None:
+    def _write_checkpoint(self, folder: str) -> None:
         """Tensors as safetensors, structure as JSON: a checkpoint never runs code when loaded.
 
-        ``model.safetensors`` is the policy's full state dict under its own parameter names,
-        observation statistics included: what a deployment loads.
+        ``model.safetensors`` holds, under the policy's own parameter names, the trainable
+        parameters and the observation statistics; ``model.json`` names the base checkpoint
+        (``model.path``) they apply to. For a policy trained in full (MLP, CNN) that is the whole
+        policy; under LoRA the frozen 7B weights are not copied into every checkpoint unless
+        ``runner.checkpoint_frozen_weights`` asks for the full state dict.
         """
-        model_state = self._full_state_dict()
-        optim_state = owned_copy(get_optimizer_state_dict(
-            self.policy, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = self.cfg.runner.checkpoint_frozen_weights
+        model_state = owned_copy(get_model_state_dict(self.policy, options=options)) if full \
+            else self.trainable_state()
+        optim_state = owned_copy(get_optimizer_state_dict(self.policy, self.optimizer, options=options))
         if self.rank == 0:
             os.makedirs(folder, exist_ok=True)
             save_tree(model_state, folder, "model")
             save_tree(optim_state, folder, "optimizer")
-            save_tree({"version": self.version, "generator": self.generator.get_state()}, folder, "actor_state")
+            save_tree({"version": self.version, "optimizer_steps": self.optimizer_steps,
+                       "generator": self.generator.get_state()}, folder, "actor_state")
+            with open(os.path.join(folder, "model_info.json"), "w") as f:
+                json.dump({"family": self.cfg.model.name, "base": getattr(self.cfg.model, "path", None),
+                           "contents": "full" if full else "trainable"}, f, indent=1)
 
     def load_checkpoint(self, folder: str) -> int:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         # the runner verified every file against the manifest before any worker started
         # (read_resume_state): hashing a large checkpoint again on each rank would only cost start-up
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.policy, load_tree(folder, "model"), options=options)
-        set_optimizer_state_dict(self.policy, self.optimizer, load_tree(folder, "optimizer"), options=options)
+        load_model_state(self.policy, load_tree(folder, "model"), self.trainable_names)
+        saved = load_tree(folder, "optimizer")
+        # not strict: a parameter that never took a step (the adapters during critic warm-up)
+        # has no Adam state. Loading gives it a zero state at step 1 all the same; dropping that
+        # keeps its first real step the same as in a run that was never interrupted.
+        set_optimizer_state_dict(self.policy, self.optimizer, saved,
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        for name, param in self.policy.named_parameters():
+            if param.requires_grad and name not in saved["state"]:
+                self.optimizer.state.pop(param, None)
         state = load_tree(folder, "actor_state")
         self.version = int(state["version"])
+        self.optimizer_steps = int(state["optimizer_steps"])
         self.generator.set_state(state["generator"])
         return self.version
 

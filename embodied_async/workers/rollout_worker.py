@@ -18,6 +18,10 @@ from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
 
 POLL_SECONDS = 0.5
+# Evaluation runs one fixed version beside the rollout. A policy up to this size is copied for
+# it; a larger one (a 7B VLA: a second copy would take 15 GB of GPU memory) is shared, and
+# weight swaps wait until the evaluation ends.
+EVAL_COPY_MAX_BYTES = 2**30
 
 
 @dataclass
@@ -39,7 +43,7 @@ class RolloutWorker:
         self.cfg, self.rank, self.env_ranks = cfg, rank, topology.env_ranks(rank)
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
-        self.policy = build_policy(cfg.model, env_spec).to(self.device).eval()
+        self.policy = build_policy(cfg.model, env_spec, device=self.device).eval()
         self.reports_success = env_spec.reports_success
         torch.manual_seed(seed)  # each rollout rank draws its own exploration noise
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
@@ -54,11 +58,17 @@ class RolloutWorker:
         self._stop = threading.Event()
         self._eval_env = None
         self._weight_future = None
+        self._hold_weights = False  # an evaluation shares the policy: swaps wait
+        self._held_message: Optional[WeightMessage] = None
         self._pending_puts: List[list] = [[] for _ in range(topology.stages)]
 
     # ---- weights -------------------------------------------------------------------------
-    def _load(self, message: WeightMessage) -> None:
+    def _load(self, message: WeightMessage) -> bool:
+        """Swap the weights in; False when an evaluation holds them back (kept for later)."""
         with self._policy_lock:
+            if self._hold_weights:  # the newest message carries everything: keep only it
+                self._held_message = message
+                return False
             result = self.policy.load_state_dict(message.state_dict, strict=False)
         # only what the actor does not train may be missing (buffers such as observation
         # statistics, frozen weights under LoRA): a renamed parameter would otherwise be skipped
@@ -72,10 +82,12 @@ class RolloutWorker:
         self.version = message.version
         for stage, count in message.acknowledged.items():
             self.buffers[int(stage)].acknowledged = int(count)
+        return True
 
     def _poll_weights(self) -> None:
         """Swap in any weights published since the last look (one get is always armed, so a look
         costs no call)."""
+        self._apply_held()
         while True:
             if self._weight_future is None:
                 self._weight_future = self.weight_channel.get_async(key=self.rank)
@@ -85,12 +97,26 @@ class RolloutWorker:
             self._weight_future = None
             self._load(message)
 
+    def _apply_held(self) -> bool:
+        """Load the weights that arrived during an evaluation, once it has ended."""
+        with self._policy_lock:
+            message = None if self._hold_weights else self._held_message
+            self._held_message = None if message is not None else self._held_message
+        return message is not None and self._load(message)
+
     def _wait_for_weights(self) -> None:
-        if self._weight_future is None:
-            self._weight_future = self.weight_channel.get_async(key=self.rank)
-        message = wait_future(self._weight_future, self._stop, POLL_SECONDS)
-        self._weight_future = None
-        self._load(message)
+        while not self._apply_held():
+            if self._weight_future is None:
+                self._weight_future = self.weight_channel.get_async(key=self.rank)
+            try:
+                message = self._weight_future.result(timeout=POLL_SECONDS)
+            except TimeoutError:
+                if self._stop.is_set():
+                    raise Stopped from None
+                continue
+            self._weight_future = None
+            if self._load(message):
+                return
 
     def _may_act(self, stage: int) -> bool:
         """The throttle: a new trajectory begins only while the version gate allows it (which
@@ -209,9 +235,19 @@ class RolloutWorker:
         """Deterministic actions on this worker's own eval envs; every sub-env runs the same count."""
         if self._eval_env is None:
             self._eval_env = build_env(self.cfg.env, num_envs, 10_000_019 + self.cfg.runner.seed)
-        env, per_env = self._eval_env, num_episodes // num_envs
         with self._policy_lock:  # evaluate one version even if new weights arrive meanwhile
-            policy, version = copy.deepcopy(self.policy), self.version
+            size = sum(p.numel() * p.element_size() for p in self.policy.parameters())
+            shared = size > EVAL_COPY_MAX_BYTES
+            policy, version = (self.policy if shared else copy.deepcopy(self.policy)), self.version
+            self._hold_weights = shared
+        try:
+            return self._run_evaluation(policy, version, num_episodes, num_envs)
+        finally:
+            with self._policy_lock:
+                self._hold_weights = False
+
+    def _run_evaluation(self, policy, version: int, num_episodes: int, num_envs: int) -> Dict[str, float]:
+        env, per_env = self._eval_env, num_episodes // num_envs
         counts, returns, successes = np.zeros(num_envs, int), np.zeros(num_envs), []
         episode_returns = []
         out = env.reset()

@@ -10,8 +10,11 @@ from omegaconf import MISSING
 from embodied_async.config.checks import ConfigError, bound, choice, require
 from embodied_async.config.schema import EnvConfig
 
-OBS_MODES = ("state", "rgb")
+# "rgb+segmentation": rgb images (the segmentation is only used inside the task, e.g. by the
+# Bridge twins' green screen that pastes the real scene behind the simulated objects)
+OBS_MODES = ("state", "rgb", "rgb+segmentation")
 SIM_BACKENDS = ("cpu", "gpu")
+GPU_SIM_BASE_BYTES = 2 * 2**30  # PhysX GPU buffers + SAPIEN's render system, one env process
 
 
 @dataclass
@@ -24,7 +27,11 @@ class ManiSkillConfig(EnvConfig):
     control_mode: Optional[str] = "pd_joint_delta_pos"  # null: the task's own default
     sim_backend: str = "cpu"  # "cpu": one scene per sub-env, stepped in turn; "gpu": batched
     max_episode_steps: int = 50  # 0: the task's own limit
-    reward_mode: str = "normalized_dense"
+    reward_mode: str = "normalized_dense"  # the task's own reward (ManiSkill's reward_mode)
+    # a named reward computed from the task's info instead (envs/maniskill/rewards.py), e.g.
+    # "grasp_place" for the Bridge twins, which pay none; null: the task's reward
+    reward: Optional[str] = None
+    reward_weights: Dict[str, float] = field(default_factory=dict)  # overrides of its weights
     image_size: List[int] = field(default_factory=lambda: [128, 128])  # [height, width]
     # natural-language instruction; None: the task's own, else words derived from the task id
     instruction: Optional[str] = None
@@ -41,12 +48,33 @@ class ManiSkillConfig(EnvConfig):
         image_size = list(self.image_size)
         require(len(image_size) == 2 and all(v > 0 for v in image_size),
                 f"env.image_size={image_size} must be [height, width] with two positive integers; use e.g. [128, 128]")
-        self._check_task_id()  # last: it imports ManiSkill (seconds)
+        if self.reward is not None:
+            from envs.maniskill.rewards import REWARDS
 
-    def _check_task_id(self) -> None:
-        """Missing assets are not a config error: the env worker reports them with the download
-        command, and a machine that only validates configs need not hold them."""
-        from envs.maniskill.maniskill_env import check_task_assets
+            choice(self.reward, "env.reward", tuple(REWARDS))
+            REWARDS[self.reward](1, dict(self.reward_weights))  # unknown weight names fail here
+        self._check_task()  # last: it imports ManiSkill (seconds)
+
+    def memory_estimate(self, workload):
+        """GPU simulation: PhysX buffers and the renderer per process, and the camera targets per
+        sub-env (RGBA, depth, segmentation at 4 bytes each). Assumed, not measured here."""
+        if self.sim_backend != "gpu":
+            return None
+        height, width = (int(v) for v in self.image_size)
+        cameras = 0 if self.obs_mode == "state" else workload.envs_per_process * height * width * 12
+        return {"simulator + renderer": GPU_SIM_BASE_BYTES, "camera buffers": cameras}
+
+    def memory_notes(self):
+        if self.sim_backend != "gpu":
+            return []
+        return [f"ManiSkill GPU simulation assumed at {GPU_SIM_BASE_BYTES / 2**30:.1f} GiB per env process "
+                "plus camera buffers (not measured: scripts/gpu_check.py measures PushCube)"]
+
+    def _check_task(self) -> None:
+        """The task exists and supports the configured modes. Missing assets are not a config
+        error: the env worker reports them with the download command, and a machine that only
+        validates configs need not hold them."""
+        from envs.maniskill.maniskill_env import check_task_assets, check_task_modes
 
         try:
             check_task_assets(self.task_id)
@@ -55,3 +83,7 @@ class ManiSkillConfig(EnvConfig):
         except ValueError as err:
             raise ConfigError(f"{err}. Set env.task_id to a ManiSkill task (check the spelling and the -v<N> "
                               "version suffix)") from None
+        try:
+            check_task_modes(self.task_id, self.obs_mode, self.reward_mode)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None

@@ -27,6 +27,7 @@ from embodied_async.contracts import EnvSpec
 from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations
 
 from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
+from .rewards import REWARDS
 
 DOWNLOAD_COMMAND = "python -m mani_skill.utils.download_asset {} -y"
 
@@ -119,6 +120,30 @@ def check_task_assets(task_id: str, robot_uids: Any = None) -> None:
         )
 
 
+def check_task_modes(task_id: str, obs_mode: str, reward_mode: str) -> None:
+    """``ValueError`` naming the supported modes when the task cannot run with these, read from
+    the task class before any scene is built (so it works without the task's assets).
+
+    ManiSkill would raise ``NotImplementedError`` only inside the env's constructor. Tasks that
+    declare "any_textures" accept any image mode (rgb, rgb+segmentation, ...)."""
+    import mani_skill.envs  # noqa: F401  (importing registers every task)
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    task = REGISTERED_ENVS[task_id].cls
+    obs_modes = tuple(task.SUPPORTED_OBS_MODES)
+    textures = obs_mode != "state" and "any_textures" in obs_modes
+    if obs_mode not in obs_modes and not textures:
+        usable = [m for m in obs_modes if m in OBS_MODES] + (["rgb", "rgb+segmentation"] if "any_textures" in obs_modes else [])
+        raise ValueError(f"ManiSkill task '{task_id}' does not support env.obs_mode={obs_mode!r}: it supports "
+                         f"{list(obs_modes)}. Set env.obs_mode to one of {sorted(set(usable))}")
+    reward_modes = tuple(task.SUPPORTED_REWARD_MODES)
+    if reward_mode not in reward_modes:
+        hint = " (it pays no reward itself: set env.reward to a named reward such as 'grasp_place')" \
+            if reward_modes == ("none",) else ""
+        raise ValueError(f"ManiSkill task '{task_id}' does not support env.reward_mode={reward_mode!r}: it supports "
+                         f"{list(reward_modes)}. Set env.reward_mode to one of them{hint}")
+
+
 @contextlib.contextmanager
 def _refuse_download_prompts(task_id: str):
     """Turn a download prompt ManiSkill still reaches (robots chosen inside a task's constructor,
@@ -196,6 +221,10 @@ class ManiSkillEnv:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
         extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
         check_task_assets(self.task_id, extra.get("robot_uids"))
+        check_task_modes(self.task_id, self.obs_mode, env_cfg.reward_mode)
+        self._reward = None
+        if env_cfg.reward is not None:
+            self._reward = REWARDS[env_cfg.reward](self.num_envs, dict(env_cfg.reward_weights))
 
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
@@ -211,7 +240,7 @@ class ManiSkillEnv:
             kwargs["control_mode"] = env_cfg.control_mode
         if env_cfg.max_episode_steps:
             kwargs["max_episode_steps"] = int(env_cfg.max_episode_steps)
-        if self.obs_mode == "rgb":
+        if self.obs_mode != "state":
             height, width = (int(v) for v in env_cfg.image_size)
             sensors = dict(width=width, height=height)
             sensors.update(extra.pop("sensor_configs", None) or {})
@@ -255,6 +284,8 @@ class ManiSkillEnv:
             for i, env in enumerate(self._envs):
                 raw, _ = env.reset(seed=None if seed is None else int(seed) + i)
                 self._rows.append(self._normalise(raw, 1))
+        if self._reward is not None:
+            self._reward.reset(range(self.num_envs))
         rewards, dones, bootstrap, successes, _ = self._blank()
         valid = np.ones(self.num_envs, dtype=bool)
         return EnvOutput(self._current_obs(), rewards, dones, bootstrap, successes, valid)
@@ -285,6 +316,8 @@ class ManiSkillEnv:
     def reset_envs(self, indices: Sequence[int]) -> Observation:
         """Reset only the sub-envs ``indices``; return the full current observation."""
         indices = [int(i) for i in np.atleast_1d(np.asarray(indices, dtype=np.int64))]
+        if indices and self._reward is not None:
+            self._reward.reset(indices)
         if indices:
             if self._vec is not None:
                 import torch
@@ -318,11 +351,14 @@ class ManiSkillEnv:
         for i, env in enumerate(self._envs):
             for c in range(chunks):
                 raw, reward, terminated, truncated, info = env.step(actions[i, c])
-                rewards[i] += float(_to_numpy(reward).reshape(-1)[0])
+                rewards[i] += self._named_reward(info, [i])[0] if self._reward is not None \
+                    else float(_to_numpy(reward).reshape(-1)[0])
                 successes[i] = _flag(info, "success", 1)[0]
                 term, trunc = bool(_to_numpy(terminated).any()), bool(_to_numpy(truncated).any())
                 if term or trunc:
                     dones[i] = True
+                    if self._reward is not None:
+                        self._reward.reset([i])
                     failed = _flag(info, "fail", 1)[0]
                     bootstrap[i] = bootstrap_flags(term, trunc, self.terminal_on_success, failed)
                     finals[i] = self._normalise(raw, 1)
@@ -345,8 +381,11 @@ class ManiSkillEnv:
             # Sub-envs that finished earlier in the chunk already run their next episode (the
             # batched sim cannot skip them): their rewards belong to no recorded transition.
             live = ~dones
-            rewards[live] += _to_numpy(reward).reshape(batch).astype(np.float32)[live]
             step_info = info.get("final_info", info)  # after auto-reset, info is the reset's
+            if self._reward is not None:
+                reward = self._named_reward(step_info, range(batch))
+                self._reward.reset(np.flatnonzero(term | trunc))
+            rewards[live] += _to_numpy(reward).reshape(batch).astype(np.float32)[live]
             successes[live] = _flag(step_info, "success", batch)[live]
             new = live & (term | trunc)
             if new.any():
@@ -358,6 +397,12 @@ class ManiSkillEnv:
                 dones |= new
             self._obs = self._normalise(raw, batch)
         return rewards, dones, bootstrap, successes, finals
+
+    def _named_reward(self, info: dict, rows) -> np.ndarray:
+        """``env.reward`` for sub-envs ``rows`` from this step's ``info`` (their entries in order)."""
+        rows = list(rows)
+        arrays = {k: _to_numpy(info[k]).reshape(len(rows)) for k in self._reward.INFO_KEYS if k in info}
+        return self._reward.step(arrays, rows)
 
     def _instruction(self, base) -> str:
         if getattr(self.cfg, "instruction", None):
@@ -387,7 +432,7 @@ class ManiSkillEnv:
         if self._main_cam is None:
             cams = [name for name, data in sensors.items() if "rgb" in data]
             if not cams:
-                raise ValueError(f"task '{self.task_id}' has no RGB camera for obs_mode 'rgb'")
+                raise ValueError(f"task '{self.task_id}' has no RGB camera for obs_mode {self.obs_mode!r}")
             # The main view is the first non-hand camera ("base_camera" on most tasks).
             self._main_cam = next((n for n in cams if "hand" not in n), cams[0])
             self._wrist_cam = next((n for n in cams if "hand" in n and n != self._main_cam), None)

@@ -24,6 +24,11 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if train_cfg.runner.dry_run:
+        from embodied_async.plan import describe
+
+        print(describe(train_cfg, topology), flush=True)
+        return
     from embodied_async.checkpoint_io import CheckpointError
     from embodied_async.runner import run
     from embodied_async.scheduler.worker_group import WorkerFailed

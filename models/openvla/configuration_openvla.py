@@ -25,6 +25,7 @@ SIGLIP_MLP_RATIO = 3.7362
 SUPPORTED_VISION_BACKBONES = ("dinosiglip-vit-so-224px", "dinosiglip-vit-so-384px")
 SUPPORTED_LLM_BACKBONES = ("llama2-7b-pure", "llama2-13b-pure", "llama2-7b-chat", "llama2-13b-chat")
 SUPPORTED_ARCH_SPECIFIERS = ("no-align+fused-gelu-mlp",)
+DATASET_STATISTICS_FILE = "dataset_statistics.json"
 VISION_OVERRIDES_FILE = "vision_overrides.json"
 
 
@@ -165,12 +166,26 @@ class OpenVLAConfig:
 
     @classmethod
     def from_pretrained(cls, folder: str) -> "OpenVLAConfig":
-        """Read ``folder/config.json`` (+ optional ``folder/vision_overrides.json``)."""
+        """Read ``folder/config.json`` (+ optional ``folder/vision_overrides.json``).
+
+        A fine-tuned checkpoint ships the action statistics of its own dataset in
+        ``dataset_statistics.json`` (the official fine-tuning script writes it; its config.json
+        keeps the pre-training ones): its entries are merged into ``norm_stats`` and win over
+        entries of the same name.
+        """
         if not os.path.isdir(folder):
             raise FileNotFoundError(
                 f"OpenVLA checkpoint folder not found: {folder} (expected config.json + *.safetensors)"
             )
-        return cls.from_json_file(os.path.join(folder, "config.json"))
+        config = cls.from_json_file(os.path.join(folder, "config.json"))
+        statistics_path = os.path.join(folder, DATASET_STATISTICS_FILE)
+        if os.path.isfile(statistics_path):
+            with open(statistics_path) as f:
+                statistics = json.load(f)
+            if not isinstance(statistics, dict):
+                raise ValueError(f"{statistics_path}: expected an object of dataset name -> statistics")
+            config.norm_stats = {**(config.norm_stats or {}), **statistics}
+        return config
 
     @property
     def vocab_size(self) -> int:

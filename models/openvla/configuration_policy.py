@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
-from embodied_async.config.checks import ConfigError, bound
+from embodied_async.config.checks import ConfigError, bound, choice
 from embodied_async.config.schema import ModelConfig
 from models.configuration_lora import LoraConfig
 
@@ -33,8 +33,14 @@ class OpenVLAPolicyConfig(ModelConfig):
     # the sampling distribution over the 256 action bins (also the one log-probs are computed under)
     temperature: float = 1.0
     top_k: Optional[int] = None
+    # evaluation samples at this temperature (the RLinf recipe: 0.6); None: greedy actions
+    eval_temperature: Optional[float] = None
     value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
-    store_raw_images: bool = False  # uint8 images in the trajectory instead of float pixel values (smaller)
+    # resized uint8 images in the trajectory instead of float pixel values (~25x smaller)
+    store_raw_images: bool = False
+    # image resizing: "torch" on the policy's device, "pil" (the official processor, bit-exact),
+    # "auto": torch on a GPU, PIL on a CPU (agree within 2 of 255 levels)
+    image_preprocessing: str = "auto"
     # build a tiny random-init checkpoint at model.path when that folder does not exist yet
     # (CPU smoke runs and tests: it is saved in the official format and loaded back by path)
     tiny_random_init: bool = False
@@ -45,10 +51,23 @@ class OpenVLAPolicyConfig(ModelConfig):
     def check(self) -> None:
         bound(self.temperature, "model.temperature", lambda v: v > 0, "must be > 0",
               "use 1.0 to sample from the policy as is")
+        bound(self.eval_temperature, "model.eval_temperature", lambda v: v > 0, "must be > 0", "use e.g. 0.6",
+              null="for greedy evaluation")
         bound(self.top_k, "model.top_k", lambda v: v >= 1, "must be >= 1", "use e.g. 50",
               null="to sample from all action tokens")
+        choice(self.image_preprocessing, "model.image_preprocessing", ("auto", "torch", "pil"))
         self.lora.check("model.lora")
         self._check_path()
+
+    def memory_estimate(self, workload):
+        from .memory import estimate
+
+        return estimate(self, workload)
+
+    def memory_notes(self):
+        from .memory import notes
+
+        return notes(self)
 
     def _check_path(self) -> None:
         """A local folder or a hub repo id (looked up by the worker). A path that looks local must

@@ -13,11 +13,12 @@ import dataclasses
 import inspect
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+import torch.utils.checkpoint
+from safetensors import safe_open
 from torch import nn
 from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
@@ -133,6 +134,8 @@ class VisionTransformer(nn.Module):
         # Position embeddings cover patches only ("no_embed_class" for DINOv2; SigLIP has no prefix).
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_patches, d))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        # recompute each block in the backward pass (training only): keeps block inputs, not internals
+        self.gradient_checkpointing = False
         self.norm = nn.LayerNorm(d, eps=cfg.norm_eps)  # in the checkpoint; unused by OpenVLA
         if cfg.attn_pool:
             self.attn_pool = AttentionPoolLatent(cfg)
@@ -155,8 +158,9 @@ class VisionTransformer(nn.Module):
         influence it, so it is skipped here (same numbers, less compute).
         """
         x = self.embed(pixel_values)
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks[: max(self.cfg.depth - 1, 1)]:
-            x = block(x)
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         return x[:, self.cfg.num_prefix_tokens:]
 
 
@@ -381,21 +385,33 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def read_openvla_state_dict(folder: str) -> Dict[str, torch.Tensor]:
-    """Tensors of ``model.safetensors`` or of all shards named by ``model.safetensors.index.json``."""
+def weight_files(folder: str) -> List[str]:
+    """``model.safetensors``, or every shard named by ``model.safetensors.index.json``."""
     single, index = os.path.join(folder, SINGLE_FILE), os.path.join(folder, INDEX_FILE)
     if os.path.isfile(single):
-        return load_file(single)
+        return [single]
     if not os.path.isfile(index):
         raise FileNotFoundError(f"no OpenVLA weights in {folder}: expected {SINGLE_FILE} or {INDEX_FILE} + its shards")
     with open(index) as f:
         weight_map: Dict[str, str] = json.load(f)["weight_map"]
-    state: Dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        path = os.path.join(folder, shard)
+    paths = [os.path.join(folder, shard) for shard in sorted(set(weight_map.values()))]
+    for path in paths:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"shard {path} listed in {index} is missing")
-        state.update(load_file(path))
+    return paths
+
+
+def read_openvla_state_dict(folder: str, device: Union[str, torch.device] = "cpu",
+                            dtype: Optional[torch.dtype] = None) -> Dict[str, torch.Tensor]:
+    """Tensors of the folder's weight files, each moved to ``device`` (floating ones cast to
+    ``dtype``) as soon as it is read: the host holds one tensor at a time, not the model."""
+    state: Dict[str, torch.Tensor] = {}
+    for path in weight_files(folder):
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                tensor = f.get_tensor(key)
+                cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+                state[key] = tensor.to(device=device, dtype=cast)
     return state  # keys the index promises but the shards lack surface in check_state_dict
 
 
@@ -415,20 +431,23 @@ def check_state_dict(model: nn.Module, state: Dict[str, torch.Tensor]) -> None:
 
 
 def load_openvla(
-    folder: str, dtype: torch.dtype = torch.float32, device: str = "cpu", attn_implementation: str = "sdpa"
+    folder: str, dtype: torch.dtype = torch.float32, device: Union[str, torch.device, None] = None,
+    attn_implementation: str = "sdpa"
 ) -> OpenVLAModel:
     """Build an :class:`OpenVLAModel` from a local checkpoint folder and load its weights strictly.
 
     The folder holds ``config.json`` (+ optional ``vision_overrides.json``) and either
     ``model.safetensors`` or a sharded ``model-0000x-of-0000y.safetensors`` set with its index.
+    ``device``: where the weights go (None: torch's default device, e.g. set by
+    ``with torch.device("cuda:0")``); they are moved there one tensor at a time.
     """
+    device = torch.get_default_device() if device is None else torch.device(device)
     config = OpenVLAConfig.from_pretrained(folder)
-    state = read_openvla_state_dict(folder)
+    state = read_openvla_state_dict(folder, device=device, dtype=dtype)
     # Build on the meta device: random init of a 7B model would take minutes and be overwritten.
     with torch.device("meta"):
         model = OpenVLAModel(config, attn_implementation=attn_implementation)
     check_state_dict(model, state)
-    state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers (rotary inv_freq) are not in checkpoints: recompute them for real.
     llama = model.language_model.model

@@ -44,6 +44,7 @@ from .processing_openvla import OpenVLAImageProcessor, OpenVLAProcessor, build_p
 
 BOS_TOKEN_ID = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+IMAGE_PREPROCESSING = ("auto", "torch", "pil")
 
 
 def hash_prompt_ids(instruction: str) -> List[int]:
@@ -62,16 +63,22 @@ class OpenVLAPolicy(nn.Module):
         vla: a loaded :class:`OpenVLAModel` (its ``config.norm_stats`` must hold ``unnorm_key``).
         unnorm_key: dataset statistics used to un-normalise actions (None: the only one).
         temperature, top_k: the sampling distribution (also the one log-probs are computed under).
-        lora_rank: > 0 injects LoRA adapters (peft) into the language model and freezes every
-            other parameter except the value head; ``lora_alpha``, ``lora_dropout`` and
-            ``lora_target_modules`` (list of names or "all-linear") configure them.
-        gradient_checkpointing: recompute the LLM's decoder layers in the backward pass.
+        lora_rank: > 0 injects LoRA adapters (peft) and freezes every other parameter except the
+            value head; ``lora_alpha``, ``lora_dropout``, ``lora_init`` (peft's
+            ``init_lora_weights``) and ``lora_target_modules`` configure them: module names
+            matched anywhere in the VLA, or "all-linear" (the language model's linear layers).
+        eval_temperature: evaluation ("eval" mode) samples at this temperature; None: greedy.
+        gradient_checkpointing: recompute the LLM's decoder layers and the ViT blocks in the
+            backward pass.
         image_processor: defaults to the processor matching the model's image size.
         prompt_ids_fn: instruction -> token ids (with BOS); defaults to ``tokenizer`` when given,
             else :func:`hash_prompt_ids`.
-        store_raw_images: put the uint8 images (``images``) in ``forward_inputs`` instead of the
-            float32 ``pixel_values`` (~25x smaller; ``evaluate`` re-runs the deterministic,
-            bit-exact preprocessing).  Default False: store ``pixel_values``.
+        store_raw_images: put the resized uint8 images (``images``, [B, S, S, 3]) in
+            ``forward_inputs`` instead of the float32 ``pixel_values`` (~25x smaller;
+            ``evaluate`` only normalises them, which is exact).  Default False.
+        image_preprocessing: "torch" resizes on the policy device (GPU), "pil" with PIL (the
+            reference, bit-exact to the official processor), "auto" torch on a GPU and PIL on a
+            CPU. The two agree within 2 of 255 levels (OpenVLAImageProcessor.resize_tensor).
     """
 
     value_parameter_prefixes = ("value_head.",)
@@ -79,6 +86,8 @@ class OpenVLAPolicy(nn.Module):
     def __init__(self, vla: OpenVLAModel, unnorm_key: Optional[str] = None, temperature: float = 1.0,
                  top_k: Optional[int] = None, lora_rank: int = 0, lora_alpha: float = 32,
                  lora_dropout: float = 0.0, lora_target_modules: Union[str, Sequence[str]] = "all-linear",
+                 lora_init: Union[bool, str] = True, eval_temperature: Optional[float] = None,
+                 image_preprocessing: str = "auto",
                  gradient_checkpointing: bool = False, value_head_hidden_sizes: Sequence[int] = (1024, 512),
                  image_processor: Optional[OpenVLAImageProcessor] = None, tokenizer=None,
                  prompt_ids_fn: Optional[Callable[[str], List[int]]] = None, store_raw_images: bool = False):
@@ -94,8 +103,14 @@ class OpenVLAPolicy(nn.Module):
         self.action_tokenizer = ActionTokenizer.from_config(config)
         self.token_low, self.token_high = self.action_tokenizer.action_token_range()
         self.temperature, self.top_k = float(temperature), top_k
+        if eval_temperature is not None and eval_temperature <= 0:
+            raise ValueError(f"eval_temperature must be > 0 (None: greedy), got {eval_temperature}")
+        self.eval_temperature = eval_temperature
         self.pad_token_id = int(config.pad_token_id)
         self.store_raw_images = store_raw_images
+        if image_preprocessing not in IMAGE_PREPROCESSING:
+            raise ValueError(f"image_preprocessing={image_preprocessing!r}; use one of {IMAGE_PREPROCESSING}")
+        self.image_preprocessing = image_preprocessing
         if image_processor is None:
             size = int(config.image_sizes[0])
             image_processor = OpenVLAImageProcessor(config.image_resize_strategy, [(3, size, size)] * 2)
@@ -109,9 +124,11 @@ class OpenVLAPolicy(nn.Module):
         self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
         self.lora_enabled = lora_rank > 0
         if self.lora_enabled:
-            self._add_lora(lora_rank, lora_alpha, lora_dropout, lora_target_modules)
+            self._add_lora(lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_init)
         if gradient_checkpointing:
             self._enable_checkpointing(vla.language_model)
+            for tower in (vla.vision_backbone.featurizer, vla.vision_backbone.fused_featurizer):
+                tower.gradient_checkpointing = True
         params = inspect.signature(vla.language_model.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
@@ -125,17 +142,28 @@ class OpenVLAPolicy(nn.Module):
             kwargs.setdefault("tokenizer", processor.tokenizer)
         return cls(vla, **kwargs)
 
-    def _add_lora(self, rank: int, alpha: float, dropout: float, targets: Union[str, Sequence[str]]) -> None:
+    def _add_lora(self, rank: int, alpha: float, dropout: float, targets: Union[str, Sequence[str]],
+                  init_weights: Union[bool, str] = True) -> None:
         from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
 
         if not isinstance(targets, str):
             targets = list(targets)
             targets = "all-linear" if targets == ["all-linear"] else targets
+        # "all-linear": the language model's linear layers (peft leaves its lm_head out). Names:
+        # matched anywhere in the VLA (ViT blocks, projector, language model, lm_head), by suffix.
+        root = self.vla.language_model if targets == "all-linear" else self.vla
         # In place (no PeftModel wrapper): module paths and forward signatures stay the same.
-        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets),
-                                self.vla.language_model)
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                                           init_lora_weights=init_weights), root)
         for name, param in self.vla.named_parameters():
             param.requires_grad_("lora_" in name)
+
+    def fsdp_units(self) -> List[nn.Module]:
+        """Modules the actor shards as their own FSDP units: every ViT block and decoder layer
+        (one gathered at a time; the root keeps embeddings, projector, lm_head, value head)."""
+        vision = self.vla.vision_backbone
+        towers = [vision.featurizer, vision.fused_featurizer]
+        return [block for tower in towers for block in tower.blocks] + list(self.vla.language_model.model.layers)
 
     @staticmethod
     def _enable_checkpointing(lm: nn.Module) -> None:
@@ -157,18 +185,30 @@ class OpenVLAPolicy(nn.Module):
         ids, mask = left_pad_batch(prompts, self.pad_token_id)
         return ids.to(self.device), mask.to(self.device)
 
-    def pixel_values(self, images) -> torch.Tensor:
-        """uint8 images [B, H, W, 3] -> float32 pixel values [B, 6, S, S] on the policy device."""
+    def _torch_resize(self) -> bool:
+        if self.image_preprocessing == "auto":  # PIL is the faster of the two on a CPU
+            return self.device.type != "cpu" and self.image_processor.torch_resizable
+        return self.image_preprocessing == "torch"
+
+    def resize_images(self, images) -> torch.Tensor:
+        """uint8 images [B, H, W, 3] (numpy or tensor) -> uint8 [B, S, S, 3] at the model's
+        resolution, on the policy device (``image_preprocessing``: torch on the device or PIL)."""
+        if self._torch_resize():
+            return self.image_processor.resize_tensor(as_tensor(images, dtype=torch.uint8, device=self.device))
         if isinstance(images, torch.Tensor):
             images = images.detach().cpu().numpy()
-        return self.image_processor(np.asarray(images)).to(self.device)
+        return torch.from_numpy(self.image_processor.resize_pil(np.asarray(images))).to(self.device)
+
+    def pixel_values(self, images) -> torch.Tensor:
+        """uint8 images [B, H, W, 3] -> float32 pixel values [B, 6, S, S] on the policy device."""
+        return self.image_processor.normalize(self.resize_images(images))
 
     def _inputs(self, obs) -> Dict[str, torch.Tensor]:
-        images = obs["main_images"]
+        resized = self.resize_images(obs["main_images"])
         ids, mask = self.prompt_batch(list(obs["task_descriptions"]))
-        inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": self.pixel_values(images)}
-        if self.store_raw_images:
-            inputs["images"] = as_tensor(images, dtype=torch.uint8, device=self.device)
+        inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": self.image_processor.normalize(resized)}
+        if self.store_raw_images:  # the resized images: what the actor needs, ~6x less than a 640x480 frame
+            inputs["images"] = resized
         return inputs
 
     # ------------------------------------------------------------------------------ model pieces
@@ -196,6 +236,17 @@ class OpenVLAPolicy(nn.Module):
             kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
+
+    def _choose(self, logp: torch.Tensor, mode: str) -> torch.Tensor:
+        """Bin indices: sampled from ``logp`` ("train"); greedy, or sampled at ``eval_temperature``
+        ("eval")."""
+        if mode == "train":
+            return torch.multinomial(logp.exp(), 1).squeeze(-1)
+        if self.eval_temperature is None:
+            return logp.argmax(-1)
+        # logp = log_softmax(logits / T): rescaling gives logits / T_eval up to a constant
+        tempered = torch.log_softmax(logp * (self.temperature / self.eval_temperature), dim=-1)
+        return torch.multinomial(tempered.exp(), 1).squeeze(-1)
 
     @staticmethod
     def _entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -230,7 +281,7 @@ class OpenVLAPolicy(nn.Module):
             tokens, logprob, entropy = [], 0.0, 0.0
             for step in range(self.action_dim):
                 logp = self._action_log_probs(last)
-                index = logp.argmax(-1) if mode == "eval" else torch.multinomial(logp.exp(), 1).squeeze(-1)
+                index = self._choose(logp, mode)
                 logprob = logprob + logp.gather(-1, index[:, None]).squeeze(-1)
                 entropy = entropy + self._entropy(logp)
                 token = index + self.token_low
@@ -283,8 +334,8 @@ class OpenVLAPolicy(nn.Module):
         """
         ids, mask, tokens = forward_inputs["input_ids"], forward_inputs["attention_mask"], forward_inputs["action_tokens"]
         pixels = forward_inputs.get("pixel_values")
-        if pixels is None:
-            pixels = self.pixel_values(forward_inputs["images"])
+        if pixels is None:  # stored already resized: normalising is exact and runs on the device
+            pixels = self.image_processor.normalize(forward_inputs["images"].to(self.device))
         full_ids = torch.cat([ids, tokens.to(ids.dtype)], dim=1)
         full_mask = torch.cat([mask, mask.new_ones(tokens.shape)], dim=1)
         embeds, mm_mask = self.vla.get_multimodal_embeddings(full_ids, pixels, full_mask)
@@ -347,9 +398,12 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         lora_alpha=float(lora.alpha),
         lora_dropout=float(lora.dropout),
         lora_target_modules=list(lora.target_modules),
+        lora_init=lora.init_weights,
+        eval_temperature=model_cfg.eval_temperature,
         gradient_checkpointing=bool(model_cfg.gradient_checkpointing),
         value_head_hidden_sizes=tuple(model_cfg.value_head_hidden_sizes),
         store_raw_images=bool(model_cfg.store_raw_images),
+        image_preprocessing=model_cfg.image_preprocessing,
     )
     if env_spec is not None:
         if env_spec.num_action_chunks != 1:

@@ -25,6 +25,8 @@ STRATEGIES = ("resize-naive", "resize-crop", "letterbox")
 # PIL filter codes; torchvision's int interpolation codes are the same numbers.
 _INTERPOLATIONS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC,
                    "lanczos": Image.LANCZOS, "box": Image.BOX, "hamming": Image.HAMMING}
+# PIL filter -> torch interpolate mode, for the filters torch can antialias like PIL
+_TORCH_MODES = {Image.BICUBIC: "bicubic", Image.BILINEAR: "bilinear"}
 ImageInput = Union[np.ndarray, torch.Tensor, Image.Image, Sequence[Union[np.ndarray, Image.Image]]]
 
 
@@ -117,6 +119,23 @@ def _center_crop(image: Image.Image, out_h: int, out_w: int) -> Image.Image:
     if (top, left, out_w, out_h) == (0, 0, width, height):
         return image
     return image.crop((left, top, left + out_w, top + out_h))
+
+
+def _resample(x: torch.Tensor, size: Tuple[int, int], mode: str) -> torch.Tensor:
+    out = torch.nn.functional.interpolate(x, size=size, mode=mode, antialias=True, align_corners=False)
+    return out.round().clamp(0, 255)
+
+
+def _center_crop_tensor(x: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
+    """:func:`_center_crop` on a ``[N, C, H, W]`` tensor (same offsets, zero padding)."""
+    height, width = x.shape[-2:]
+    if out_w > width or out_h > height:
+        top, left = max(out_h - height, 0) // 2, max(out_w - width, 0) // 2
+        padded = x.new_zeros(*x.shape[:-2], max(out_h, height), max(out_w, width))
+        padded[..., top:top + height, left:left + width] = x
+        x, (height, width) = padded, padded.shape[-2:]
+    top, left = int(round((height - out_h) / 2.0)), int(round((width - out_w) / 2.0))
+    return x[..., top:top + out_h, left:left + out_w]
 
 
 def _letterbox(image: Image.Image, fill: Tuple[int, int, int]) -> Image.Image:
@@ -231,6 +250,76 @@ class OpenVLAImageProcessor:
         return torch.stack([self._transform(img) for img in pil_images])
 
     __call__ = preprocess
+
+    # -------------------------------------------------------------- split path: resize, normalise
+    # The policy resizes once (rollout side), keeps the small uint8 images, and normalises where
+    # the model runs. ``resize_tensor`` does the resize with torch on the images' own device (the
+    # GPU, where the simulator rendered them); ``resize_pil`` is the reference. They differ only
+    # by the rounding of PIL's fixed-point filter: at most 2 of 255 levels, on under 1 % of the
+    # values (tests/models/test_openvla_processing.py holds both bounds). ``normalize`` after
+    # ``resize_pil`` equals ``preprocess`` bit for bit.
+
+    def _geometry(self) -> Tuple[Dict[str, Any], List[int]]:
+        """The one resize + crop every backbone shares (OpenVLA's do: both 224, same filter)."""
+        pairs = {json.dumps([self.resize_params[i], self.crop_params[i]], sort_keys=True)
+                 for i in range(len(self.resize_params))}
+        if len(pairs) != 1:
+            raise ValueError("the backbones resize differently; split preprocessing needs one shared geometry")
+        return self.resize_params[0], [int(v) for v in self.crop_params[0]["output_size"]]
+
+    @property
+    def torch_resizable(self) -> bool:
+        """Whether ``resize_tensor`` supports this geometry's filter (bicubic, bilinear)."""
+        resize, _ = self._geometry()
+        return _filter(resize.get("interpolation", "bicubic")) in _TORCH_MODES
+
+    def resize_pil(self, images: ImageInput) -> np.ndarray:
+        """uint8 images -> uint8 ``[N, h, w, 3]`` at the model's resolution, with PIL."""
+        resize, (crop_h, crop_w) = self._geometry()
+        out = []
+        for image in _as_pil_list(images):
+            if self.do_letterbox:
+                image = _letterbox(image, self.letterbox_fill)
+            out_w, out_h = _resized_size(*image.size, resize["size"])
+            if (out_w, out_h) != image.size:
+                image = image.resize((out_w, out_h), resample=_filter(resize.get("interpolation", "bicubic")))
+            out.append(np.array(_center_crop(image, crop_h, crop_w), dtype=np.uint8))
+        return np.stack(out)
+
+    def resize_tensor(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[N, H, W, 3]`` tensor -> uint8 ``[N, h, w, 3]`` on the same device, with torch
+        (antialiased like PIL)."""
+        resize, (crop_h, crop_w) = self._geometry()
+        mode = _TORCH_MODES[_filter(resize.get("interpolation", "bicubic"))]
+        if images.ndim == 3:
+            images = images[None]
+        if images.dtype != torch.uint8 or images.shape[-1] != 3:
+            raise TypeError(f"expected uint8 images [N, H, W, 3], got {images.dtype} {tuple(images.shape)}")
+        x = images.permute(0, 3, 1, 2).float()
+        if self.do_letterbox:
+            height, width = x.shape[-2:]
+            side = max(width, height)
+            pad_w, pad_h = int((side - width) / 2), int((side - height) / 2)
+            fill = torch.tensor(self.letterbox_fill, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+            canvas = fill.expand(x.shape[0], 3, height + 2 * pad_h, width + 2 * pad_w).clone()
+            canvas[..., pad_h:pad_h + height, pad_w:pad_w + width] = x
+            x = canvas
+        height, width = x.shape[-2:]
+        out_w, out_h = _resized_size(width, height, resize["size"])
+        # PIL resamples in two passes, width then height, rounding to uint8 in between: doing
+        # the same keeps the difference to PIL's fixed-point filter within 2 levels
+        if out_w != width:
+            x = _resample(x, (height, out_w), mode)
+        if out_h != height:
+            x = _resample(x, (out_h, out_w), mode)
+        x = _center_crop_tensor(x, crop_h, crop_w)
+        return x.to(torch.uint8).permute(0, 2, 3, 1)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[N, h, w, 3]`` (already resized) -> float32 ``[N, C, h, w]`` on their device."""
+        x = images.permute(0, 3, 1, 2).float().div(255)
+        return torch.cat([(x - mean.to(x.device)) / std.to(x.device) for mean, std in zip(self._mean, self._std)],
+                         dim=1)
 
 
 class OpenVLAProcessor:

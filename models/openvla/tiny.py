@@ -60,6 +60,29 @@ def tiny_config_dict(action_dim: int = 7, unnorm_key: str = "tiny", seed: int = 
     }
 
 
+# the Llama-2-7B language model of the released OpenVLA-7B
+LLAMA2_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32}
+
+
+def openvla_7b_config_dict(action_dim: int = 7, unnorm_key: str = "tiny") -> Dict[str, Any]:
+    """A ``config.json`` of the OpenVLA-7B shape (full-size ViTs follow from the timm ids; the
+    LLM is Llama-2-7B), for random-weight checks and memory plans without the real checkpoint."""
+    raw = tiny_config_dict(action_dim=action_dim, unnorm_key=unnorm_key)
+    raw["text_config"] = {**raw["text_config"], **LLAMA2_7B}
+    return raw
+
+
+def tiny_vision_overrides() -> Dict[str, Any]:
+    """The ``vision_overrides.json`` that shrinks the ViTs of :func:`tiny_config_dict`'s config."""
+    return {"note": "tiny ViT sizes (timm.create_model extra kwargs)", "timm_create_model_extra_kwargs": TINY_VISION}
+
+
+def tiny_config(action_dim: int = 7, unnorm_key: str = "tiny") -> OpenVLAConfig:
+    """The tiny model's architecture (tiny LLM and tiny ViTs), as ``make_tiny_openvla`` saves it."""
+    return OpenVLAConfig.from_dict(tiny_config_dict(action_dim, unnorm_key), tiny_vision_overrides())
+
+
 def tiny_preprocessor_dict() -> Dict[str, Any]:
     """``preprocessor_config.json`` of the fused 224 px backbone (bicubic, ImageNet / SigLIP stats)."""
     return {
@@ -92,7 +115,7 @@ def make_tiny_openvla(folder: str, seed: int = 0, action_dim: int = 7, unnorm_ke
     """Build a tiny random OpenVLA and save it to ``folder`` in the official format; returns ``folder``."""
     os.makedirs(folder, exist_ok=True)
     raw = tiny_config_dict(action_dim, unnorm_key, seed)
-    overrides = {"note": "tiny ViT sizes (timm.create_model extra kwargs)", "timm_create_model_extra_kwargs": TINY_VISION}
+    overrides = tiny_vision_overrides()
     model = OpenVLAModel(OpenVLAConfig.from_dict(raw, overrides))
     _init_weights(model, torch.Generator().manual_seed(seed + 12345))
     files = {"config.json": raw, VISION_OVERRIDES_FILE: overrides, "preprocessor_config.json": tiny_preprocessor_dict()}

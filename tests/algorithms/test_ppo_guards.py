@@ -47,7 +47,7 @@ def batch(poison_value=None):
 
 def settings(**overrides):
     values = dict(epochs=2, minibatch_size=8, micro_batch_size=8, world_size=1, version=0, recompute_logprobs=True,
-                  train_policy=True, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+                  critic_warmup_left=0, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
                   behave_weight_threshold=None, value_clip=None, huber_delta=10.0, value_loss_coef=0.5,
                   entropy_coef=0.0, normalize_advantages=True, target_kl=None, max_grad_norm=0.5)
     values.update(overrides)

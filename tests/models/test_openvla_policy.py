@@ -229,3 +229,18 @@ def test_unreachable_hub_checkpoint_names_the_repo_and_the_fix(monkeypatch):
         resolve_checkpoint("someone/no-such-openvla")
     with pytest.raises(FileNotFoundError, match="neither a checkpoint folder nor a Hugging Face repo id"):
         resolve_checkpoint("/no/such/folder")
+
+
+def test_dataset_statistics_shipped_beside_a_checkpoint_are_merged(tmp_path):
+    """A fine-tuned checkpoint's dataset_statistics.json adds (and overrides) action statistics."""
+    folder = make_tiny_openvla(str(tmp_path / "tiny"), seed=0, action_dim=7, unnorm_key="tiny")
+    with open(os.path.join(folder, "config.json")) as f:
+        original = json.load(f)["norm_stats"]["tiny"]
+    finetuned = json.loads(json.dumps(original))
+    finetuned["action"]["q99"] = [v + 1.0 for v in finetuned["action"]["q99"]]
+    with open(os.path.join(folder, "dataset_statistics.json"), "w") as f:
+        json.dump({"bridge_orig": finetuned, "tiny": finetuned}, f)
+    policy = _policy(folder, unnorm_key="bridge_orig")
+    assert policy.action_stats["q99"] == finetuned["action"]["q99"]
+    assert _policy(folder, unnorm_key="tiny").action_stats["q99"] == finetuned["action"]["q99"]  # the file wins
+    assert sorted(load_openvla(folder).config.norm_stats) == ["bridge_orig", "tiny"]

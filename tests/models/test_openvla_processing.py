@@ -89,6 +89,43 @@ def test_letterbox_pads_with_fill_colour():
     assert torch.allclose(siglip[:, 62:162], torch.ones_like(siglip[:, 62:162]))
 
 
+def _test_images(seed: int, shape) -> dict:
+    """Camera-like test content: smooth gradients, hard edges and pure noise (PIL's worst case)."""
+    rng = np.random.default_rng(seed)
+    height, width = shape
+    smooth = np.clip(np.cumsum(rng.integers(-3, 4, (2, height, width, 3)), axis=2) + 128, 0, 255)
+    edges = np.zeros((2, height, width, 3))
+    edges[:, :, width // 3:] = 255
+    edges[:, height // 2:, :, 1] = 200
+    noise = rng.integers(0, 256, (2, height, width, 3))
+    return {name: x.astype(np.uint8) for name, x in (("smooth", smooth), ("edges", edges), ("noise", noise))}
+
+
+@pytest.mark.parametrize("strategy", ["resize-naive", "resize-crop", "letterbox"])
+@pytest.mark.parametrize("shape", [(480, 640), (256, 256), (100, 80)])
+def test_torch_resize_is_within_two_levels_of_pil(fixture_dir, preprocessor_config, strategy, shape):
+    """The documented tolerance of the GPU path (OpenVLAImageProcessor.resize_tensor): uint8
+    values within 2 levels of PIL's, and under 1 % of them different at all."""
+    processor = OpenVLAImageProcessor.from_dict(preprocessor_config, image_resize_strategy=strategy)
+    for name, images in _test_images(sum(shape), shape).items():
+        reference = processor.resize_pil(images).astype(np.int16)
+        resized = processor.resize_tensor(torch.from_numpy(images))
+        assert resized.dtype == torch.uint8 and tuple(resized.shape) == reference.shape == (2, 224, 224, 3)
+        diff = np.abs(resized.numpy().astype(np.int16) - reference)
+        assert diff.max() <= 2, (name, int(diff.max()))
+        assert (diff > 0).mean() < 0.01, (name, float((diff > 0).mean()))
+
+
+def test_split_path_equals_the_reference_pipeline(fixture_dir):
+    processor = OpenVLAImageProcessor.from_pretrained(fixture_dir)
+    images = np.load(os.path.join(fixture_dir, "raw_images.npz"))["images"]
+    split = processor.normalize(torch.from_numpy(processor.resize_pil(images)))
+    assert torch.equal(split, processor(images))
+    # images already at the model's size pass the torch resize untouched
+    small = torch.from_numpy(processor.resize_pil(images))
+    assert torch.equal(processor.resize_tensor(small), small)
+
+
 def test_non_uint8_images_rejected():
     with pytest.raises(TypeError):
         OpenVLAImageProcessor()(np.zeros((1, 8, 8, 3), dtype=np.float32))

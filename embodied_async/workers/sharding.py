@@ -1,0 +1,126 @@
+"""FSDP2 on the actor: which dtype each parameter keeps, which modules are their own units, and
+gathering only what the rollout needs.
+
+- Trainable parameters (and so the optimiser's state) are kept in float32 whatever the policy
+  was loaded in: LoRA updates of ~1e-6 relative size round away in bfloat16. With
+  ``precision: bfloat16`` FSDP's mixed-precision policy casts every parameter to bfloat16 for the
+  forward and backward passes and reduces gradients in float32; frozen weights stay in the dtype
+  they were loaded in (bfloat16 for a 7B model: no float32 copy of what never changes).
+- A policy may name submodules to shard as their own units (``Policy.fsdp_units``, e.g. decoder
+  layers and ViT blocks): FSDP then gathers one unit at a time instead of the whole model for
+  every micro-batch. The root unit holds the rest.
+
+This module imports neither Ray nor the config machinery, so ``scripts/gpu_check.py`` can use it
+on a machine that has neither.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+# the Policy methods that run a forward pass on the actor (FSDP must gather around each)
+FORWARD_METHODS = ("evaluate", "value", "predict")
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def keep_trainable_in_float32(policy: nn.Module) -> int:
+    """Cast trainable floating parameters to float32 in place; returns how many were cast."""
+    cast = 0
+    for param in policy.parameters():
+        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.float()
+            cast += 1
+    return cast
+
+
+def fsdp_units(policy: nn.Module) -> List[nn.Module]:
+    """The submodules the policy asks to shard on their own (none: the root unit holds everything)."""
+    units = getattr(policy, "fsdp_units", None)
+    return list(units()) if callable(units) else []
+
+
+def shard_policy(policy: nn.Module, device_kind: str, world_size: int, precision: str) -> None:
+    """Apply FSDP2 in place: each unit of ``fsdp_units`` first, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    if precision not in COMPUTE_DTYPES:
+        raise ValueError(f"model.precision={precision!r}; use one of {sorted(COMPUTE_DTYPES)}")
+    keep_trainable_in_float32(policy)
+    mesh = init_device_mesh("cuda" if device_kind == "gpu" else "cpu", (world_size,))
+    options = {"mesh": mesh}
+    if precision == "bfloat16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for unit in fsdp_units(policy):
+        fully_shard(unit, **options)
+    fully_shard(policy, **options)
+    for method in FORWARD_METHODS:
+        if hasattr(policy, method):
+            register_fsdp_forward_method(policy, method)
+
+
+def trainable_parameters(policy: nn.Module, value_prefixes: Iterable[str]) -> Tuple[list, list]:
+    """(policy parameters, value parameters) that require grad, split by name prefix."""
+    prefixes = tuple(value_prefixes)
+    policy_params, value_params = [], []
+    for name, param in policy.named_parameters():
+        if param.requires_grad:
+            (value_params if name.startswith(prefixes) else policy_params).append(param)
+    return policy_params, value_params
+
+
+def gather_trainable(policy: nn.Module, dtype: Optional[torch.dtype] = None) -> Dict[str, torch.Tensor]:
+    """Collective (every rank calls it): the full trainable parameters as CPU tensors that own
+    their storage, in ``dtype`` when given. Frozen weights are never gathered."""
+    out: Dict[str, torch.Tensor] = {}
+    for name, param in policy.named_parameters():
+        if not param.requires_grad:
+            continue
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+        # a copy: FSDP may hand out views of buffers it resizes later
+        out[name] = full.detach().to(device="cpu", dtype=dtype or full.dtype, copy=True)
+    return out
+
+
+def tensor_bytes(state: Dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+
+
+def make_optimizer(actor_cfg, policy_params: list, value_params: list) -> torch.optim.Optimizer:
+    """Adam or AdamW (``actor.optimizer``) with a "policy" and a "value" parameter group."""
+    optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    value_lr = actor_cfg.value_lr if actor_cfg.value_lr is not None else actor_cfg.lr
+    groups = [{"params": policy_params, "lr": actor_cfg.lr, "name": "policy"},
+              {"params": value_params, "lr": value_lr, "name": "value"}]
+    # fused kernels exist for CUDA and CPU float32 parameters, which trainable ones always are
+    return optimizers[actor_cfg.optimizer](groups, betas=tuple(actor_cfg.betas), eps=actor_cfg.adam_eps,
+                                           weight_decay=actor_cfg.weight_decay, fused=True)
+
+
+@torch.no_grad()
+def load_model_state(policy: nn.Module, state: Dict[str, torch.Tensor], trainable_names: set) -> None:
+    """Copy a checkpoint's tensors (full, unsharded) into the sharded policy.
+
+    ``state`` holds either the whole state dict or the trainable parameters plus buffers (the
+    default checkpoint): every trainable parameter must be there, and nothing the policy lacks.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    targets = dict(policy.named_parameters())
+    targets.update(policy.named_buffers())
+    unexpected = sorted(set(state) - set(targets))
+    missing = sorted(set(trainable_names) - set(state))
+    if unexpected or missing:
+        raise KeyError(f"the checkpoint does not fit this policy: {len(missing)} trainable parameters missing "
+                       f"(e.g. {missing[:3]}), {len(unexpected)} unknown tensors (e.g. {unexpected[:3]})")
+    for name, value in state.items():
+        target = targets[name]
+        if isinstance(target, DTensor):
+            local = target.to_local()
+            value = distribute_tensor(value.to(local.device, target.dtype), target.device_mesh, target.placements)
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"checkpoint tensor {name}: shape {tuple(value.shape)}, policy {tuple(target.shape)}")
+        target.copy_(value)

@@ -1,0 +1,31 @@
+"""Config of the synthetic image env family (``env.name: synthetic_image``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, List
+
+from embodied_async.config.checks import bound, require
+from embodied_async.config.schema import EnvConfig
+
+
+@dataclass
+class SyntheticImageConfig(EnvConfig):
+    """Frames of a given resolution showing a target marker and the agent's cursor; the first
+    action dimension moves the cursor, and reaching the target is success. Costs next to no CPU,
+    so a throughput check measures the policy, not a simulator."""
+
+    name: str = "synthetic_image"
+    image_size: List[int] = field(default_factory=lambda: [480, 640])  # [height, width]
+    action_dim: int = 7
+    max_episode_steps: int = 80
+    instruction: str = "move the cursor onto the marker"
+
+    builder: ClassVar[str] = "envs.synthetic.synthetic_env:SyntheticImageEnv"
+
+    def check(self) -> None:
+        image_size = list(self.image_size)
+        require(len(image_size) == 2 and all(v >= 16 for v in image_size),
+                f"env.image_size={image_size} must be [height, width], each >= 16; use e.g. [480, 640]")
+        bound(self.action_dim, "env.action_dim", lambda v: v >= 1, "must be >= 1", "use e.g. 7")
+        bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 80")
