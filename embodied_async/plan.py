@@ -9,7 +9,7 @@ parameter counts and shapes, not measurements: ``scripts/gpu_check.py`` measures
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
 from embodied_async.config.schema import TrainConfig
@@ -96,12 +96,15 @@ def memory_per_device(cfg: TrainConfig, topology: Topology) -> Dict[int, Dict[st
     work = workload(cfg, topology)
     model = cfg.model.memory_estimate(work) or {}
     env = cfg.env.memory_estimate(work) or {}
+    # evaluation runs in rollout rank 0's process, on its own env of runner.eval_num_envs sub-envs
+    evaluation = dict(model.get("evaluation") or {})
+    _add(evaluation, cfg.env.memory_estimate(replace(work, envs_per_process=work.eval_batch)), "env")
     per_device: Dict[int, Dict[str, float]] = {}
     for component, part in (("env", env), ("rollout", model.get("rollout")), ("actor", model.get("actor"))):
         for rank, device in enumerate(topology.ids(component)):
             items = per_device.setdefault(device, {})
-            if component == "rollout" and rank == 0:  # evaluation runs beside rank 0's rollout
-                _add(items, model.get("evaluation"), "evaluation")
+            if component == "rollout" and rank == 0:
+                _add(items, evaluation, "evaluation")
             _add(items, part, component)
             _add(items, {"CUDA context": CUDA_CONTEXT_BYTES}, component)
     return per_device
@@ -117,9 +120,12 @@ def _memory_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
         lines.append(f"  GPU {device}: {total / GIB:.1f} GiB")
         for name, value in sorted(items.items(), key=lambda kv: -kv[1]):
             if value >= 0.05 * GIB:
-                lines.append(f"    {name:<34} {value / GIB:7.2f} GiB")
+                lines.append(f"    {name:<40} {value / GIB:7.2f} GiB")
     if not model_known:
         lines.append(f"  (model family '{cfg.model.name}' gives no memory estimate: weights not counted)")
+    startup = (cfg.model.memory_estimate(workload(cfg, topology)) or {}).get("startup", {})
+    for name, value in startup.items():
+        lines.append(f"  start-up: +{value / GIB:.1f} GiB per actor rank for a moment ({name})")
     notes = list(cfg.model.memory_notes()) + list(cfg.env.memory_notes())
     return lines + [f"  note: {note}" for note in notes]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 from typing import Any, Callable, Dict, Optional
 
 from embodied_async.config.checks import ConfigError
@@ -134,18 +135,15 @@ def _checked(section: str, cfg: Any, built: Any) -> Any:
 
 def build_policy(model_cfg: ModelConfig, env_spec, device=None) -> Policy:
     """The policy ``model_cfg``'s family builds for ``env_spec``, checked against ``Policy``, on
-    ``device``: it is the default device while the builder runs, so weights are created (or
-    loaded) there directly instead of on the host first (eight processes each holding a 7B
-    copy in host memory at start-up would need ~120 GB). Then moved there, in case the builder
-    placed something elsewhere."""
+    ``device``. A builder that takes a ``device`` argument gets it, to load large weights there
+    directly (eight processes each holding a 7B copy in host memory at start-up would need
+    ~120 GB); the policy is then moved there as a whole, for the parts built elsewhere."""
     builder = _builder("model", model_cfg)
-    if device is None:
-        return _checked("model", model_cfg, builder(model_cfg, env_spec))
-    import torch
-
-    with torch.device(device):
+    if device is not None and "device" in inspect.signature(builder).parameters:
+        policy = builder(model_cfg, env_spec, device=device)
+    else:
         policy = builder(model_cfg, env_spec)
-    return _checked("model", model_cfg, policy.to(device))
+    return _checked("model", model_cfg, policy if device is None else policy.to(device))
 
 
 def build_env(env_cfg: EnvConfig, num_envs: int, seed: int) -> Env:

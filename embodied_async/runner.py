@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.checkpoint_io import CheckpointError, assert_no_pickle, verify_checkpoint, write_manifest
@@ -109,24 +109,46 @@ def save_checkpoint(graph: Graph, root: str, step: int, state: Dict) -> str:
     return final
 
 
-def prune_checkpoints(root: str, keep: Optional[int], protect: Optional[str] = None) -> List[str]:
-    """Delete the oldest ``global_step_<N>`` folders under ``root`` until ``keep`` remain (None:
-    keep all); ``protect`` (the run's resume source) is never deleted. Returns what was deleted."""
+def prune_checkpoints(root: str, keep: Optional[int], current_step: int, protect: Sequence[Optional[str]] = ()
+                      ) -> List[str]:
+    """Delete the oldest ``global_step_<N>`` folders with ``N <= current_step`` until ``keep`` of
+    those remain (None: keep all). Folders of later steps (left by an earlier run that went
+    further before this one resumed from an older checkpoint) are neither counted nor deleted,
+    and neither is anything in ``protect`` (the checkpoint just written, the resume source)."""
     if keep is None:
         return []
     steps = []
     for name in os.listdir(root):
         match = re.fullmatch(r"global_step_(\d+)", name)
-        if match and os.path.isdir(os.path.join(root, name)):
+        if match and int(match.group(1)) <= current_step and os.path.isdir(os.path.join(root, name)):
             steps.append((int(match.group(1)), os.path.join(root, name)))
     steps.sort()
-    protected = os.path.realpath(protect) if protect else None
+    protected = {os.path.realpath(p) for p in protect if p}
     deleted = []
     for _, path in steps[:max(0, len(steps) - keep)]:
-        if os.path.realpath(path) != protected:
+        if os.path.realpath(path) not in protected:
             shutil.rmtree(path, ignore_errors=True)
             deleted.append(path)
     return deleted
+
+
+def check_checkpoint_model(resume_dir: str, model_cfg) -> None:
+    """A checkpoint resumes only into the policy family it was written by; one holding only the
+    trainable weights (adapters, value head) names the base they were trained on, and a different
+    ``model.path`` is reported (the same base may live under another path, e.g. the tiny
+    recipe's, made afresh in each run's folder)."""
+    path = os.path.join(resume_dir, "model_info.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        info = json.load(f)
+    if info.get("family") != model_cfg.name:
+        raise CheckpointError(f"runner.resume_dir={resume_dir!r} holds a '{info.get('family')}' policy, but this run's "
+                              f"model.name is '{model_cfg.name}': resume it with the model config it was trained with")
+    base = getattr(model_cfg, "path", None)
+    if info.get("contents") == "trainable" and info.get("base") != base:
+        print(f"[runner] warning: {resume_dir} holds trainable weights for the base {info.get('base')!r}, and this "
+              f"run's model.path is {base!r}; they only fit the base they were trained on", flush=True)
 
 
 def read_resume_state(resume_dir: Optional[str]) -> Dict:
@@ -152,6 +174,8 @@ class Runner:
         self.log_path = cfg.runner.logger.log_path
         self.checkpoint_root = os.path.join(self.log_path, "checkpoints")
         self.state = read_resume_state(cfg.runner.resume_dir)
+        if cfg.runner.resume_dir:
+            check_checkpoint_model(cfg.runner.resume_dir, cfg.model)
         self.graph: Optional[Graph] = None
         self.loops: List[Pending] = []
         self.in_flight: List[Pending] = []
@@ -251,7 +275,8 @@ class Runner:
         path = save_checkpoint(self.graph, self.checkpoint_root, self.state["step"], dict(self.state))
         self.last_saved_step = self.state["step"]
         print(f"[runner] checkpoint saved: {path}", flush=True)
-        for old in prune_checkpoints(self.checkpoint_root, self.cfg.runner.keep_checkpoints, self.cfg.runner.resume_dir):
+        protect = (path, self.cfg.runner.resume_dir)
+        for old in prune_checkpoints(self.checkpoint_root, self.cfg.runner.keep_checkpoints, self.state["step"], protect):
             print(f"[runner] removed old checkpoint {old} (runner.keep_checkpoints={self.cfg.runner.keep_checkpoints})",
                   flush=True)
         return path

@@ -79,7 +79,7 @@ class Phases:
             peak = torch.cuda.max_memory_allocated(self.device) / 2**30
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
-        self.report[name] = {"seconds": round(time.perf_counter() - start, 3), "peak_memory_gb": round(peak, 3)}
+        self.report[name] = {"seconds": round(time.perf_counter() - start, 6), "peak_memory_gb": round(peak, 3)}
         return result
 
 

@@ -246,9 +246,23 @@ def test_prune_keeps_the_newest_by_step_number_and_the_resume_source(tmp_path):
     for step in (1, 2, 10, 20):
         (tmp_path / f"global_step_{step}").mkdir()
     (tmp_path / "global_step_3.tmp").mkdir()  # a save in progress is not a checkpoint
-    assert prune_checkpoints(str(tmp_path), None) == []
-    deleted = prune_checkpoints(str(tmp_path), 2, protect=str(tmp_path / "global_step_1"))
+    assert prune_checkpoints(str(tmp_path), None, 20) == []
+    deleted = prune_checkpoints(str(tmp_path), 2, 20, protect=[str(tmp_path / "global_step_1")])
     assert sorted(os.path.basename(p) for p in deleted) == ["global_step_2"]
     assert sorted(os.listdir(tmp_path)) == ["global_step_1", "global_step_10", "global_step_20", "global_step_3.tmp"]
-    prune_checkpoints(str(tmp_path), 1)
+    prune_checkpoints(str(tmp_path), 1, 20)
     assert sorted(os.listdir(tmp_path)) == ["global_step_20", "global_step_3.tmp"]
+
+
+def test_prune_after_resuming_from_an_older_step_keeps_what_this_run_wrote(tmp_path):
+    """A run resumed from step 5 in a folder where an earlier run reached step 20: its new
+    step-6 checkpoint survives, and the later leftovers are not counted."""
+    from embodied_async.runner import prune_checkpoints
+
+    for step in (5, 6, 20):
+        (tmp_path / f"global_step_{step}").mkdir()
+    saved = str(tmp_path / "global_step_6")
+    prune_checkpoints(str(tmp_path), 1, 6, protect=[saved, str(tmp_path / "global_step_5")])
+    assert sorted(os.listdir(tmp_path)) == ["global_step_20", "global_step_5", "global_step_6"]
+    prune_checkpoints(str(tmp_path), 1, 6, protect=[saved])
+    assert sorted(os.listdir(tmp_path)) == ["global_step_20", "global_step_6"]

@@ -126,10 +126,12 @@ def _drop_policy_gradients(optimizer) -> None:
     """Critic warm-up: only the value head may move. The value loss also back-propagates into
     the shared trunk (LoRA adapters), so those gradients are dropped before the step: a
     parameter without a gradient is skipped by the optimiser (no weight decay, no moments)."""
-    for group in optimizer.param_groups:
-        if group.get("name") == "policy":
-            for param in group["params"]:
-                param.grad = None
+    groups = [g for g in optimizer.param_groups if g.get("name") == "policy"]
+    if not groups:
+        raise ValueError("critic warm-up needs the optimiser's parameter groups named 'policy' and 'value'")
+    for group in groups:
+        for param in group["params"]:
+            param.grad = None
 
 
 def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Tensor,

@@ -153,8 +153,9 @@ class ActorConfig:
     micro_batch_size: int = 100
     lr: float = 3e-4
     value_lr: Optional[float] = None  # None: same as lr
-    # the first N optimiser steps train only the value head (every other parameter keeps its
-    # value bit for bit), so a fresh value head does not push noisy advantages into the policy
+    # the first N optimiser steps train only the value head (every other trainable parameter
+    # keeps its value bit for bit), so a fresh value head does not push noisy advantages into the
+    # policy
     critic_warmup_steps: int = 0
     optimizer: str = "adam"  # "adam" (weight decay as L2 in the gradient) | "adamw" (decoupled)
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])

@@ -26,7 +26,7 @@ from embodied_async.registry import build_policy
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import setup_worker_process
 from embodied_async.workers.sharding import (COMPUTE_DTYPES, gather_trainable, load_model_state, make_optimizer,
-                                             shard_policy, tensor_bytes, trainable_parameters)
+                                             name_param_groups, shard_policy, tensor_bytes, trainable_parameters)
 
 POLL_SECONDS = 0.5
 SAVE_LOCK_TIMEOUT_S = 30.0
@@ -114,9 +114,9 @@ class ActorWorker:
         message with that handle, the version and its acknowledgements."""
         compute_dtype = COMPUTE_DTYPES[self.cfg.model.precision]
         published = gather_trainable(self.policy, dtype=compute_dtype)
+        published.update(normalizer_state(self.policy))
+        self.published_bytes = tensor_bytes(published)  # every rank: the metric is averaged over ranks
         if self.rank == 0:
-            published.update(normalizer_state(self.policy))
-            self.published_bytes = tensor_bytes(published)
             shared = self.weight_channel.share(published)
             for rollout_rank in range(self.num_rollout_ranks):
                 acknowledged = {stage: count for (r, stage), count in self.store.acknowledged.items()
@@ -227,7 +227,7 @@ class ActorWorker:
         """Tensors as safetensors, structure as JSON: a checkpoint never runs code when loaded.
 
         ``model.safetensors`` holds, under the policy's own parameter names, the trainable
-        parameters and the observation statistics; ``model.json`` names the base checkpoint
+        parameters and the observation statistics; ``model_info.json`` names the base checkpoint
         (``model.path``) they apply to. For a policy trained in full (MLP, CNN) that is the whole
         policy; under LoRA the frozen 7B weights are not copied into every checkpoint unless
         ``runner.checkpoint_frozen_weights`` asks for the full state dict.
@@ -265,9 +265,13 @@ class ActorWorker:
         for name, param in self.policy.named_parameters():
             if param.requires_grad and name not in saved["state"]:
                 self.optimizer.state.pop(param, None)
+        name_param_groups(self.optimizer)  # loading replaces the group dicts with the saved ones
         state = load_tree(folder, "actor_state")
         self.version = int(state["version"])
-        self.optimizer_steps = int(state["optimizer_steps"])
+        if "optimizer_steps" not in state and self.cfg.actor.critic_warmup_steps:
+            raise RuntimeError(f"{folder} was written before checkpoints counted optimiser steps, so the critic "
+                               "warm-up cannot be resumed exactly; resume it with actor.critic_warmup_steps=0")
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.generator.set_state(state["generator"])
         return self.version
 

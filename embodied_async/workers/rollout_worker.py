@@ -70,6 +70,14 @@ class RolloutWorker:
                 self._held_message = message
                 return False
             result = self.policy.load_state_dict(message.state_dict, strict=False)
+            self._check_loaded(result)
+            # under the lock: an evaluation starting now sees these weights with their version
+            self.version = message.version
+            for stage, count in message.acknowledged.items():
+                self.buffers[int(stage)].acknowledged = int(count)
+        return True
+
+    def _check_loaded(self, result) -> None:
         # only what the actor does not train may be missing (buffers such as observation
         # statistics, frozen weights under LoRA): a renamed parameter would otherwise be skipped
         # silently while the version still advances
@@ -79,10 +87,6 @@ class RolloutWorker:
         if result.unexpected_keys or missing:
             raise RuntimeError(f"published weights do not match the rollout policy: unexpected "
                                f"{result.unexpected_keys[:5]}, missing {missing[:5]}")
-        self.version = message.version
-        for stage, count in message.acknowledged.items():
-            self.buffers[int(stage)].acknowledged = int(count)
-        return True
 
     def _poll_weights(self) -> None:
         """Swap in any weights published since the last look (one get is always armed, so a look

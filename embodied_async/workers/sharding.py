@@ -89,15 +89,26 @@ def tensor_bytes(state: Dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
 
 
+PARAM_GROUPS = ("policy", "value")  # the optimiser's groups, in this order (ppo.py reads the names)
+
+
 def make_optimizer(actor_cfg, policy_params: list, value_params: list) -> torch.optim.Optimizer:
     """Adam or AdamW (``actor.optimizer``) with a "policy" and a "value" parameter group."""
     optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
     value_lr = actor_cfg.value_lr if actor_cfg.value_lr is not None else actor_cfg.lr
-    groups = [{"params": policy_params, "lr": actor_cfg.lr, "name": "policy"},
-              {"params": value_params, "lr": value_lr, "name": "value"}]
+    groups = [{"params": policy_params, "lr": actor_cfg.lr}, {"params": value_params, "lr": value_lr}]
     # fused kernels exist for CUDA and CPU float32 parameters, which trainable ones always are
-    return optimizers[actor_cfg.optimizer](groups, betas=tuple(actor_cfg.betas), eps=actor_cfg.adam_eps,
-                                           weight_decay=actor_cfg.weight_decay, fused=True)
+    optimizer = optimizers[actor_cfg.optimizer](groups, betas=tuple(actor_cfg.betas), eps=actor_cfg.adam_eps,
+                                                weight_decay=actor_cfg.weight_decay, fused=True)
+    name_param_groups(optimizer)
+    return optimizer
+
+
+def name_param_groups(optimizer: torch.optim.Optimizer) -> None:
+    """Label the groups "policy" and "value" (again after ``load_state_dict``, which replaces
+    each group's dict with the saved one)."""
+    for group, name in zip(optimizer.param_groups, PARAM_GROUPS, strict=True):
+        group["name"] = name
 
 
 @torch.no_grad()

@@ -48,6 +48,9 @@ class ManiSkillConfig(EnvConfig):
         image_size = list(self.image_size)
         require(len(image_size) == 2 and all(v > 0 for v in image_size),
                 f"env.image_size={image_size} must be [height, width] with two positive integers; use e.g. [128, 128]")
+        require(self.reward is not None or not self.reward_weights,
+                f"env.reward_weights={dict(self.reward_weights)} is set, but env.reward is null: name the reward "
+                "they weigh (e.g. env.reward=grasp_place) or drop env.reward_weights")
         if self.reward is not None:
             from envs.maniskill.rewards import REWARDS
 

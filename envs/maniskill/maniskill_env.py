@@ -272,6 +272,8 @@ class ManiSkillEnv:
             num_action_chunks=int(env_cfg.num_action_chunks), action_low=self._low.tolist(),
             action_high=self._high.tolist(), instruction=self.instruction, reports_success=True,
             reports_fail=True)
+        if self._reward is not None:
+            self._check_reward_info(base)
 
     def reset(self, seed: Optional[int] = None) -> EnvOutput:
         """Reset every sub-env (sub-env ``i`` gets ``seed + i``; None continues their RNGs)."""
@@ -397,6 +399,16 @@ class ManiSkillEnv:
                 dones |= new
             self._obs = self._normalise(raw, batch)
         return rewards, dones, bootstrap, successes, finals
+
+    def _check_reward_info(self, base) -> None:
+        """The named reward reads the task's info: fail at start-up, not at the first step."""
+        info = base.get_info()
+        missing = [k for k in self._reward.INFO_KEYS if k not in info]
+        if missing:
+            self.close()
+            raise ValueError(f"env.reward={self.cfg.reward!r} needs the info keys {list(self._reward.INFO_KEYS)}, and "
+                             f"task '{self.task_id}' reports no {missing}: use it with a task that does (the Bridge "
+                             "twins), or set env.reward=null to use the task's own reward (env.reward_mode)")
 
     def _named_reward(self, info: dict, rows) -> np.ndarray:
         """``env.reward`` for sub-envs ``rows`` from this step's ``info`` (their entries in order)."""

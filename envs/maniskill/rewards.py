@@ -11,8 +11,8 @@ where ``grasped`` (``info["is_src_obj_grasped"]``) and ``sustained_grasp``
 (``info["consecutive_grasp"]``: held for 5 steps in a row) stay true for the rest of the episode
 once reached, and ``success`` (the object rests on the target) holds only while it does. The
 step reward is the change of the potential since the previous step (0 before the first step of
-an episode), so an episode's rewards sum to its final potential and releasing the object
-after success takes the success bonus back. ``env.reward_weights`` overrides the weights
+an episode), so an episode's rewards sum to its final potential (the twins end an episode at
+success, so the success bonus is paid once). ``env.reward_weights`` overrides the weights
 (keys ``grasp``, ``sustained_grasp``, ``success``).
 """
 

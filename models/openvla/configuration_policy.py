@@ -36,7 +36,7 @@ class OpenVLAPolicyConfig(ModelConfig):
     # evaluation samples at this temperature (the RLinf recipe: 0.6); None: greedy actions
     eval_temperature: Optional[float] = None
     value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
-    # resized uint8 images in the trajectory instead of float pixel values (~25x smaller)
+    # resized uint8 images in the trajectory instead of float pixel values (8x smaller)
     store_raw_images: bool = False
     # image resizing: "torch" on the policy's device, "pil" (the official processor, bit-exact),
     # "auto": torch on a GPU, PIL on a CPU (agree within 2 of 255 levels)

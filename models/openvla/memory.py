@@ -98,7 +98,8 @@ def estimate(model_cfg, workload) -> Dict[str, Dict[str, float]]:
         "activations": activations,
     }
     rollout = {"weights": counts["total"] * compute, **inference(workload.rollout_batch)}
-    return {"rollout": rollout, "actor": actor, "evaluation": inference(workload.eval_batch)}
+    return {"rollout": rollout, "actor": actor, "evaluation": inference(workload.eval_batch),
+            "startup": {"the whole model, loaded before FSDP shards it": counts["total"] * compute}}
 
 
 def notes(model_cfg) -> List[str]:

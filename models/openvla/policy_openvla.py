@@ -74,7 +74,7 @@ class OpenVLAPolicy(nn.Module):
         prompt_ids_fn: instruction -> token ids (with BOS); defaults to ``tokenizer`` when given,
             else :func:`hash_prompt_ids`.
         store_raw_images: put the resized uint8 images (``images``, [B, S, S, 3]) in
-            ``forward_inputs`` instead of the float32 ``pixel_values`` (~25x smaller;
+            ``forward_inputs`` instead of the float32 ``pixel_values`` (8x smaller;
             ``evaluate`` only normalises them, which is exact).  Default False.
         image_preprocessing: "torch" resizes on the policy device (GPU), "pil" with PIL (the
             reference, bit-exact to the official processor), "auto" torch on a GPU and PIL on a
@@ -115,6 +115,9 @@ class OpenVLAPolicy(nn.Module):
             size = int(config.image_sizes[0])
             image_processor = OpenVLAImageProcessor(config.image_resize_strategy, [(3, size, size)] * 2)
         self.image_processor = image_processor
+        if image_preprocessing == "torch" and not image_processor.torch_resizable:
+            raise ValueError("image_preprocessing='torch' resizes only with the bicubic or bilinear filter, and this "
+                             "checkpoint's preprocessor_config.json names another: use 'pil' or 'auto'")
         if prompt_ids_fn is None and tokenizer is not None:
             processor = OpenVLAProcessor(image_processor, tokenizer, self.pad_token_id)
             prompt_ids_fn = lambda text: processor.tokenize(build_prompt(text))  # noqa: E731
@@ -133,9 +136,10 @@ class OpenVLAPolicy(nn.Module):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
-    def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32, **kwargs) -> "OpenVLAPolicy":
-        """Load ``folder`` (official format) with its preprocessor config and tokenizer if present."""
-        vla = load_openvla(folder, dtype=dtype)
+    def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32, device=None, **kwargs) -> "OpenVLAPolicy":
+        """Load ``folder`` (official format) with its preprocessor config and tokenizer if present;
+        the weights go to ``device`` (default: torch's default device) one tensor at a time."""
+        vla = load_openvla(folder, dtype=dtype, device=device)
         if os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
             processor = OpenVLAProcessor.from_pretrained(folder, load_tokenizer=kwargs.get("prompt_ids_fn") is None)
             kwargs.setdefault("image_processor", processor.image_processor)
@@ -380,8 +384,10 @@ def resolve_checkpoint(path: str) -> str:
             "model.path to the downloaded folder (or keep the repo id: the cache is used)") from err
 
 
-def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None) -> OpenVLAPolicy:
-    """Policy builder ``(model_cfg, env_spec) -> OpenVLAPolicy`` (the family's ``builder``)."""
+def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None,
+                        device=None) -> OpenVLAPolicy:
+    """Policy builder ``(model_cfg, env_spec, device) -> OpenVLAPolicy`` (the family's ``builder``);
+    the checkpoint's weights are loaded onto ``device`` directly."""
     if not model_cfg.path:
         raise ValueError("model.path: an OpenVLA checkpoint folder is required for model 'openvla'")
     if model_cfg.precision not in DTYPES:
@@ -390,7 +396,7 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         ensure_tiny_checkpoint(model_cfg.path, env_spec.action_dim if env_spec else 7)
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
-        resolve_checkpoint(model_cfg.path), dtype=DTYPES[model_cfg.precision],
+        resolve_checkpoint(model_cfg.path), dtype=DTYPES[model_cfg.precision], device=device,
         unnorm_key=model_cfg.unnorm_key,
         temperature=float(model_cfg.temperature),
         top_k=model_cfg.top_k,

@@ -118,35 +118,58 @@ def test_pipeline_stages_sync_and_async(make_config, staleness):
         assert all(r["train/actor/average_version"] == r["train/actor/current_version"] for r in records)
 
 
-def test_weights_arriving_during_a_shared_evaluation_wait_for_its_end(make_config):
+def test_weights_arriving_during_a_shared_evaluation_wait_for_its_end(make_config, monkeypatch):
     """A policy too large to copy is evaluated in place: swaps that arrive meanwhile are held,
-    and a rollout waiting for weights gets the held ones as soon as the evaluation ends."""
+    and a rollout waiting for weights gets the held ones as soon as the evaluation ends. A small
+    policy is copied instead, and swaps go on."""
     import threading
 
     from embodied_async.config import resolve_topology
     from embodied_async.data import WeightMessage
     from embodied_async.scheduler.channel import GraphChannels, LocalChannel, Shared
-    from embodied_async.workers.rollout_worker import RolloutWorker
+    from embodied_async.workers import rollout_worker
 
-    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+    cfg = make_config("cluster.backend=local", "env.name=outcome_point", "cluster.component_placement.env=0",
                       "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0")
     channels = GraphChannels(*(LocalChannel(name=n) for n in ("env", "actions", "trajectories", "weights")))
-    topology = resolve_topology(cfg)
-    env = fake_envs.PointEnv(num_envs=1, seed=0)
-    worker = RolloutWorker(cfg, topology, rank=0, device_id=0, env_spec=env.spec, channels=channels)
+    worker = rollout_worker.RolloutWorker(cfg, resolve_topology(cfg), rank=0, device_id=0,
+                                          env_spec=fake_envs.PointEnv(num_envs=1, seed=0).spec, channels=channels)
     state = {k: v.clone() for k, v in worker.policy.state_dict().items()}
     publish = lambda version: channels.weights.put(WeightMessage(version, Shared(value=state), {}), key=0)  # noqa: E731
     publish(0)
     worker._wait_for_weights()
-    assert worker.version == 0
-    worker._hold_weights = True  # what evaluate() sets for a shared policy
+    started, release, seen, results = threading.Event(), threading.Event(), [], []
+    run_evaluation = worker._run_evaluation
+
+    def gated_evaluation(policy, version, *args):
+        seen.append(policy is worker.policy)
+        started.set()
+        release.wait(timeout=30)
+        return run_evaluation(policy, version, *args)
+
+    worker._run_evaluation = gated_evaluation
+    monkeypatch.setattr(rollout_worker, "EVAL_COPY_MAX_BYTES", 0)  # any policy counts as large
+    evaluation = threading.Thread(target=lambda: results.append(worker.evaluate(2, 1)))
+    evaluation.start()
+    assert started.wait(timeout=30) and seen == [True]  # shared, not copied
     publish(1)
     waiter = threading.Thread(target=worker._wait_for_weights)
     waiter.start()
     waiter.join(timeout=2.0)
     assert waiter.is_alive() and worker.version == 0  # held, not swapped under the evaluation
-    with worker._policy_lock:
-        worker._hold_weights = False  # the evaluation ended
+    release.set()
+    evaluation.join(timeout=60)
     waiter.join(timeout=5.0)
     assert not waiter.is_alive() and worker.version == 1
+    assert results[0]["eval/version"] == 0.0
+
+    monkeypatch.setattr(rollout_worker, "EVAL_COPY_MAX_BYTES", 2**30)  # a small policy: copied
+    started.clear()
+    evaluation = threading.Thread(target=lambda: results.append(worker.evaluate(2, 1)))
+    evaluation.start()
+    assert started.wait(timeout=30) and seen == [True, False]
+    publish(2)
+    worker._poll_weights()
+    assert worker.version == 2  # swaps go on while the copy is evaluated
+    evaluation.join(timeout=60)
     worker.close()

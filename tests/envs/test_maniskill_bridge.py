@@ -85,11 +85,9 @@ def test_grasp_place_reward_starts_each_episode_from_zero_per_sub_env():
     assert scripted_rewards(reward, [(1, 0, 0)], row=1) == pytest.approx([0.0])
 
 
-def test_named_reward_on_a_task_without_its_info_keys_fails_naming_them():
-    env = build_env(ManiSkillConfig(task_id="PushCube-v1", reward="grasp_place", control_mode="pd_ee_delta_pos"),
-                    num_envs=1, seed=0)
-    try:
-        with pytest.raises(KeyError, match="is_src_obj_grasped"):
-            env.step(np.zeros((1, 1, env.spec.action_dim), dtype=np.float32))
-    finally:
-        env.close()
+def test_named_reward_on_a_task_without_its_info_keys_fails_at_start_up_naming_them():
+    with pytest.raises(ValueError, match=r"needs the info keys .*reports no \['is_src_obj_grasped'"):
+        build_env(ManiSkillConfig(task_id="PushCube-v1", reward="grasp_place", control_mode="pd_ee_delta_pos"),
+                  num_envs=1, seed=0)
+    with pytest.raises(ConfigError, match="env.reward is null"):
+        ManiSkillConfig(task_id="PushCube-v1", reward_weights={"grasp": 1.0}).check()

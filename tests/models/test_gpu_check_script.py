@@ -26,7 +26,8 @@ def test_gpu_check_runs_tiny_on_cpu_without_ray_maniskill_hydra(tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert json.loads(output.read_text()) == report
     assert set(report["phases"]) == {"build", "rollout", "shard", "actor", "publish", "load"}
-    assert all(p["seconds"] > 0 and p["peak_memory_gb"] > 0 for p in report["phases"].values())
+    assert all(p["seconds"] >= 0 and p["peak_memory_gb"] > 0 for p in report["phases"].values())
+    assert all(report["phases"][name]["seconds"] > 0 for name in ("build", "rollout", "actor"))
     assert report["rollout_decisions_per_s"] > 0 and report["train_samples_per_s"] > 0
     assert report["micro_batch"] == 8 and report["optimizer_steps"] == 1.0
     # only adapters and value head are published, as float32 here (the CPU compute dtype)
