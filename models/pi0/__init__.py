@@ -1,0 +1,1 @@
+"""Pi0 policy family (model.name: pi0)."""
