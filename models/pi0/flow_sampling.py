@@ -24,15 +24,20 @@ import torch
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def sde_sigma(t: float, step: float, noise_level: float) -> float:
-    """The SDE's noise scale at time ``t`` (``t / (1 - t)`` with ``t <= 1 - step``)."""
-    clipped = min(t, 1.0 - step)
-    return noise_level * math.sqrt(t / (1.0 - clipped))
+def sde_sigma(t, step: float, noise_level: float):
+    """The SDE's noise scale at time ``t`` (``t / (1 - t)`` with ``t <= 1 - step``); ``t`` a
+    float or a tensor."""
+    if isinstance(t, torch.Tensor):
+        return noise_level * torch.sqrt(t / (1.0 - t.clamp(max=1.0 - step)))
+    return noise_level * math.sqrt(t / (1.0 - min(t, 1.0 - step)))
 
 
-def sde_transition(x_t: torch.Tensor, velocity: torch.Tensor, t: float, step: float,
-                   noise_level: float) -> Tuple[torch.Tensor, float]:
-    """(mean, std) of the Gaussian step from ``x_t`` at time ``t`` to time ``t - step``."""
+def sde_transition(x_t: torch.Tensor, velocity: torch.Tensor, t, step: float,
+                   noise_level: float) -> Tuple[torch.Tensor, object]:
+    """(mean, std) of the Gaussian step from ``x_t`` at time ``t`` to time ``t - step``. ``t``: a
+    float, or a tensor [B] of per-sample times (then std is [B, 1, 1])."""
+    if isinstance(t, torch.Tensor):
+        t = t.to(x_t.dtype).reshape(-1, *([1] * (x_t.dim() - 1)))
     sigma = sde_sigma(t, step, noise_level)
     mean = x_t - step * (velocity + sigma ** 2 / (2 * t) * (x_t + (1 - t) * velocity))
     return mean, math.sqrt(step) * sigma
