@@ -1,0 +1,135 @@
+"""Pi0 inputs and outputs as LeRobot's processors make them: images, state, actions, prompts.
+
+- Images: float [0, 1] -> resized to fit 224x224 keeping the aspect ratio (bilinear, no
+  antialiasing), padded to 224x224, then ``x * 2 - 1``. LeRobot 0.4.4 pads with -1.0 *before*
+  that rescaling, so its padding ends at -3.0 (openpi's at -1.0); ``pad_after_scaling=False``
+  (the default) reproduces LeRobot, which is what a LeRobot-trained checkpoint has seen.
+- State: normalised, then zero-padded to ``max_state_dim``; actions: the first ``action_dim`` of
+  the ``max_action_dim`` outputs, un-normalised.
+- Normalisation: the statistics LeRobot saves beside the checkpoint
+  (``policy_preprocessor.json`` names its ``normalizer_processor`` step and that step's
+  safetensors), or given statistics; modes MEAN_STD, MIN_MAX and IDENTITY per feature type.
+- Prompts: the task text plus "\\n", tokenised with the checkpoint's PaliGemma tokenizer and
+  right-padded to ``tokenizer_max_length``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+PREPROCESSOR_FILE = "policy_preprocessor.json"
+MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")
+STATE_KEY, ACTION_KEY = "observation.state", "action"
+
+
+def resize_with_pad(images: torch.Tensor, height: int, width: int, pad_after_scaling: bool = False) -> torch.Tensor:
+    """Float images [B, 3, H, W] in [0, 1] -> [B, 3, height, width] in [-1, 1] (see module doc)."""
+    images = images.float()
+    if tuple(images.shape[-2:]) != (height, width):
+        ratio = max(images.shape[-1] / width, images.shape[-2] / height)
+        new_h, new_w = int(images.shape[-2] / ratio), int(images.shape[-1] / ratio)
+        images = F.interpolate(images, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(-1.0, 1.0)
+        top, left = (height - new_h) // 2, (width - new_w) // 2
+        pad = (left, width - new_w - left, top, height - new_h - top)
+        if pad_after_scaling:
+            return F.pad(images * 2.0 - 1.0, pad, value=-1.0)
+        images = F.pad(images, pad, value=-1.0)
+    return images * 2.0 - 1.0
+
+
+def camera_images(images, height: int, width: int, pad_after_scaling: bool = False, device=None) -> torch.Tensor:
+    """uint8 camera frames [B, H, W, 3] (numpy or tensor) -> model images [B, 3, height, width]."""
+    frames = images if isinstance(images, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(images))
+    frames = frames.to(device).permute(0, 3, 1, 2).float() / 255.0
+    return resize_with_pad(frames, height, width, pad_after_scaling)
+
+
+def pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Zero-pad the last dimension to ``dim``."""
+    if x.shape[-1] > dim:
+        raise ValueError(f"a vector of {x.shape[-1]} values does not fit the model's {dim}")
+    return F.pad(x, (0, dim - x.shape[-1]))
+
+
+@dataclass
+class Normalization:
+    """Per-feature normalisation: ``modes`` by feature type (STATE, ACTION), ``stats`` by
+    ``<feature>.<mean|std|min|max>``."""
+
+    modes: Dict[str, str] = field(default_factory=lambda: {"STATE": "IDENTITY", "ACTION": "IDENTITY"})
+    stats: Dict[str, torch.Tensor] = field(default_factory=dict)
+    eps: float = 1e-8
+
+    def _params(self, key: str, kind: str):
+        mode = self.modes.get(kind, "IDENTITY")
+        if mode not in MODES:
+            raise ValueError(f"normalisation mode {mode!r} for {kind} is not supported; supported: {list(MODES)}")
+        names = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max")}.get(mode, ())
+        missing = [f"{key}.{n}" for n in names if f"{key}.{n}" not in self.stats]
+        if missing:
+            raise KeyError(f"{mode} normalisation of {key} needs the statistics {missing}, which were not given")
+        return mode, [self.stats[f"{key}.{n}"] for n in names]
+
+    def normalize(self, x: torch.Tensor, key: str, kind: str) -> torch.Tensor:
+        mode, params = self._params(key, kind)
+        if mode == "MEAN_STD":
+            mean, std = (p.to(x) for p in params)
+            return (x - mean) / (std + self.eps)
+        if mode == "MIN_MAX":
+            low, high = (p.to(x) for p in params)
+            return (x - low) / (high - low + self.eps) * 2 - 1
+        return x
+
+    def unnormalize(self, x: torch.Tensor, key: str, kind: str) -> torch.Tensor:
+        mode, params = self._params(key, kind)
+        if mode == "MEAN_STD":
+            mean, std = (p.to(x) for p in params)
+            return x * (std + self.eps) + mean
+        if mode == "MIN_MAX":
+            low, high = (p.to(x) for p in params)
+            return (x + 1) / 2 * (high - low + self.eps) + low
+        return x
+
+
+def read_normalization(folder: str) -> Optional[Normalization]:
+    """The statistics LeRobot saved beside a checkpoint; None when the folder has none."""
+    from safetensors.torch import load_file
+
+    path = os.path.join(folder, PREPROCESSOR_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        steps = json.load(f).get("steps", [])
+    step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
+    if step is None:
+        return None
+    config = step.get("config", {})
+    state_file = os.path.join(folder, step.get("state_file", ""))
+    if not os.path.isfile(state_file):
+        raise FileNotFoundError(f"{path} names the statistics file {state_file}, which is missing")
+    return Normalization(modes=dict(config.get("norm_map", {})), stats=load_file(state_file),
+                         eps=float(config.get("eps", 1e-8)))
+
+
+def normalization_from_config(stats: Mapping[str, Sequence[float]], modes: Mapping[str, str]) -> Normalization:
+    """Statistics given in YAML (``{"observation.state.mean": [...], ...}``)."""
+    return Normalization(modes=dict(modes), stats={k: torch.tensor(list(v), dtype=torch.float32) for k, v in stats.items()})
+
+
+def prompt_tokens(texts: Sequence[str], tokenize, max_length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Task texts -> right-padded (ids [B, max_length], mask [B, max_length]); ``tokenize(text) ->
+    ids`` (with BOS), applied to the text plus "\\n", as LeRobot's new-line step does."""
+    ids = torch.zeros(len(texts), max_length, dtype=torch.long)
+    mask = torch.zeros(len(texts), max_length, dtype=torch.bool)
+    for row, text in enumerate(texts):
+        tokens: List[int] = list(tokenize(f"{text}\n"))[:max_length]
+        ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, :len(tokens)] = True
+    return ids, mask
