@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from .configuration_pi0 import WEIGHTS_FILE, GemmaSize, Pi0Architecture, SiglipSize, read_architecture
@@ -208,11 +209,16 @@ class SiglipVisionTransformer(nn.Module):
         self.encoder = SiglipEncoder(size, eps)
         self.post_layernorm = nn.LayerNorm(size.width, eps=eps)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixels: torch.Tensor, recompute: bool = False) -> torch.Tensor:
         x = self.embeddings(pixels)
         for layer in self.encoder.layers:
-            x = layer(x)
+            x = _checkpointed(layer, x) if recompute else layer(x)
         return self.post_layernorm(x)
+
+
+def _checkpointed(module: nn.Module, *args, **kwargs):
+    """Run ``module`` keeping only its inputs for the backward pass (recomputed then)."""
+    return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
 
 
 # ----------------------------------------------------------------------------- containers (checkpoint paths)
@@ -273,6 +279,11 @@ class Pi0Model(nn.Module):
         self.action_time_mlp_out = nn.Linear(expert, expert)
         self.action_out_proj = nn.Linear(expert, arch.max_action_dim)
         self.lang_scale = math.sqrt(width)
+        # recompute every SigLIP and Gemma layer in the backward pass (training only)
+        self.gradient_checkpointing = False
+
+    def _recompute(self) -> bool:
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
 
     @property
     def paligemma(self) -> nn.Module:
@@ -290,7 +301,7 @@ class Pi0Model(nn.Module):
     def embed_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """Images [B, 3, H, W] in [-1, 1] -> tokens [B, patches, width] (SigLIP + projector)."""
         model = self.paligemma.model
-        return model.multi_modal_projector.linear(model.vision_tower.vision_model(pixels))
+        return model.multi_modal_projector.linear(model.vision_tower.vision_model(pixels, self._recompute()))
 
     def embed_prefix(self, images: Sequence[torch.Tensor], image_masks: Sequence[torch.Tensor],
                      tokens: torch.Tensor, token_mask: torch.Tensor):
@@ -315,7 +326,7 @@ class Pi0Model(nn.Module):
         rope = rotary(positions, self.arch.vlm.head_dim, self.arch.rope_theta, embs.dtype)
         hidden, cache = embs, []
         for layer in self.language_model.layers:
-            hidden, kv = layer(hidden, rope, mask)
+            hidden, kv = _checkpointed(layer, hidden, rope, mask) if self._recompute() else layer(hidden, rope, mask)
             cache.append(kv)
         return cache, self.language_model.norm(hidden)
 
@@ -345,7 +356,8 @@ class Pi0Model(nn.Module):
         rope = rotary(positions, self.arch.expert.head_dim, self.arch.rope_theta, embs.dtype)
         hidden = embs
         for layer, past in zip(self.expert.layers, cache):
-            hidden, _ = layer(hidden, rope, mask, past=past)
+            run = _checkpointed if self._recompute() else (lambda module, *args, **kw: module(*args, **kw))
+            hidden, _ = run(layer, hidden, rope, mask, past=past)
         out = self.expert.norm(hidden)[:, -self.arch.chunk_size:]
         return self.action_out_proj(out), out
 

@@ -1,0 +1,192 @@
+"""Pi0 as an RL policy: sampled denoising chains with log-probs, a value head, LoRA.
+
+One decision = one action chunk: the env executes its first ``executed_actions`` actions (the
+env's ``num_action_chunks``) of the real ``action_dim`` dimensions. ``predict`` draws a chain
+(``model.noise_method``; evaluation uses the deterministic ``flow_ode`` sampler) and stores it in
+``forward_inputs`` with the camera frames, prompt and state, so that ``evaluate`` re-scores that
+same chain under the current weights (``models/pi0/chain.py``).
+
+Value: a head on the action expert's output (default) or on the prefix (``value_input``). The
+expert's output depends on the noisy chunk it is given; the value reads it for a fixed probe
+(zero chunk at t=1, averaged over the executed action tokens), so V depends on the observation
+alone and is the same whether it is asked during sampling, for bootstrapping or in training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from embodied_async.data import PolicyOutput
+from models.common import as_tensor, make_mlp
+
+from .chain import ChainSettings, chain_log_prob, sample_chain
+from .modeling_pi0 import Pi0Model
+from .processing_pi0 import ACTION_KEY, STATE_KEY, Normalization, camera_images, pad_to, prompt_tokens
+
+VALUE_INPUTS = ("expert", "prefix")
+LORA_PARTS = ("paligemma", "expert")
+
+
+class Pi0Policy(nn.Module):
+    """``Pi0Model`` (``model``) + value head (+ noise head for ``flow_noise``) behind the Policy protocol.
+
+    Args:
+        model: a loaded :class:`Pi0Model`.
+        normalization: state / action statistics (LeRobot's, saved beside the checkpoint).
+        tokenize: text -> token ids with BOS (the checkpoint's PaliGemma tokenizer, or a stand-in).
+        settings: the chain's method, steps, executed actions and real action dims.
+        camera_keys: observation keys filling the model's cameras in order (``main_images``,
+            ``wrist_images``); cameras without a key are masked, as LeRobot does for absent ones.
+        lora_rank / lora_alpha / lora_targets / lora_parts: peft LoRA on "paligemma", "expert" or
+            both; every other weight of the model is then frozen. 0: the whole model trains.
+        pad_after_scaling: images padded like openpi (-1) instead of LeRobot (-3).
+    """
+
+    value_parameter_prefixes = ("value_head.",)
+
+    def __init__(self, model: Pi0Model, normalization: Normalization, tokenize: Callable[[str], List[int]],
+                 settings: ChainSettings, camera_keys: Sequence[str] = ("main_images",), value_input: str = "expert",
+                 value_head_hidden_sizes: Sequence[int] = (512, 128), noise_head_hidden_sizes: Sequence[int] = (128, 64),
+                 lora_rank: int = 0, lora_alpha: float = 32, lora_targets: Sequence[str] = (),
+                 lora_parts: Sequence[str] = LORA_PARTS, lora_init=True, gradient_checkpointing: bool = False,
+                 pad_after_scaling: bool = False):
+        super().__init__()
+        if value_input not in VALUE_INPUTS:
+            raise ValueError(f"value_input={value_input!r}; use one of {VALUE_INPUTS}")
+        arch = model.arch
+        if len(camera_keys) > len(arch.cameras):
+            raise ValueError(f"{len(camera_keys)} camera keys for a checkpoint with {len(arch.cameras)} cameras "
+                             f"({arch.cameras})")
+        self.model, self.normalization, self.tokenize, self.settings = model, normalization, tokenize, settings
+        self.camera_keys, self.value_input, self.pad_after_scaling = list(camera_keys), value_input, pad_after_scaling
+        dtype = model.action_out_proj.weight.dtype
+        width = arch.expert.width if value_input == "expert" else arch.vlm.width
+        self.value_head = make_mlp(width, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
+        self.noise_head = None
+        if settings.method == "flow_noise":
+            self.noise_head = make_mlp(arch.expert.width, list(noise_head_hidden_sizes), arch.max_action_dim, "tanh",
+                                       out_std=0.01).to(dtype)
+        if lora_rank > 0:
+            self._add_lora(lora_rank, lora_alpha, list(lora_targets), list(lora_parts), lora_init)
+        model.gradient_checkpointing = gradient_checkpointing
+
+    def _add_lora(self, rank: int, alpha: float, targets: List[str], parts: List[str], init) -> None:
+        from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
+
+        unknown = sorted(set(parts) - set(LORA_PARTS))
+        if unknown or not parts:
+            raise ValueError(f"lora parts {parts}: use one or both of {list(LORA_PARTS)}")
+        roots = {"paligemma": self.model.paligemma, "expert": self.model.paligemma_with_expert.gemma_expert}
+        for part in parts:
+            inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets,
+                                               init_lora_weights=init), roots[part])
+        for name, param in self.model.named_parameters():
+            param.requires_grad_("lora_" in name)
+
+    def fsdp_units(self) -> List[nn.Module]:
+        """SigLIP layers and both Gemma stacks' layers, one FSDP unit each."""
+        vision = self.model.paligemma.model.vision_tower.vision_model.encoder.layers
+        return list(vision) + list(self.model.language_model.layers) + list(self.model.expert.layers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.action_out_proj.weight.device
+
+    # ---- inputs ----------------------------------------------------------------------------
+    def observation_inputs(self, obs) -> Dict[str, torch.Tensor]:
+        """What re-scoring needs besides the chain: raw frames, prompt ids, padded state."""
+        arch, device = self.model.arch, self.device
+        inputs = {f"camera_{i}": as_tensor(obs[key], dtype=torch.uint8, device=device)
+                  for i, key in enumerate(self.camera_keys)}
+        tokens, mask = prompt_tokens(list(obs["task_descriptions"]), self.tokenize, arch.tokenizer_max_length)
+        state = as_tensor(obs["states"], device=device)
+        if arch.state_dim and state.shape[-1] != arch.state_dim:
+            raise ValueError(f"the env's state has {state.shape[-1]} values, the checkpoint expects {arch.state_dim}")
+        state = self.normalization.normalize(state, STATE_KEY, "STATE")
+        inputs.update(tokens=tokens.to(device), token_mask=mask.to(device), state=pad_to(state, arch.max_state_dim))
+        return inputs
+
+    def _prefix(self, inputs: Dict[str, torch.Tensor]):
+        """-> ((per-layer keys/values, valid mask), final prefix hidden states)."""
+        arch = self.model.arch
+        batch = inputs["state"].shape[0]
+        height, width = arch.image_size
+        images, masks = [], []
+        for i in range(len(arch.cameras)):
+            frames = inputs.get(f"camera_{i}")
+            if frames is None:  # no such camera here: masked, as LeRobot treats an absent camera
+                images.append(torch.full((batch, 3, height, width), -1.0, device=self.device))
+                masks.append(torch.zeros(batch, dtype=torch.bool, device=self.device))
+            else:
+                images.append(camera_images(frames, height, width, self.pad_after_scaling, self.device))
+                masks.append(torch.ones(batch, dtype=torch.bool, device=self.device))
+        dtype = self.model.action_out_proj.weight.dtype
+        embs, pad, blocks = self.model.embed_prefix([im.to(dtype) for im in images], masks, inputs["tokens"],
+                                                    inputs["token_mask"])
+        cache, hidden = self.model.run_prefix(embs, pad, blocks)
+        return (cache, pad), hidden
+
+    def _value(self, prefix, prefix_hidden, state: torch.Tensor) -> torch.Tensor:
+        if self.value_input == "prefix":  # mean over the valid prefix tokens
+            valid = prefix[1][..., None].to(prefix_hidden.dtype)
+            features = (prefix_hidden * valid).sum(1) / valid.sum(1).clamp_min(1)
+        else:
+            arch = self.model.arch
+            probe = torch.zeros(state.shape[0], arch.chunk_size, arch.max_action_dim, dtype=state.dtype,
+                                device=state.device)
+            _, expert_out = self.model.run_suffix(*prefix, state, probe, torch.ones(state.shape[0], device=state.device,
+                                                                                   dtype=state.dtype))
+            features = expert_out[:, :self.settings.executed_actions].mean(1)
+        weight = self.value_head[0].weight
+        return self.value_head(features.to(weight.dtype)).squeeze(-1).float()
+
+    @contextlib.contextmanager
+    def _inference(self):
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.train(was_training)
+
+    # ---- protocol --------------------------------------------------------------------------
+    def predict(self, obs, mode: str = "train") -> PolicyOutput:
+        if mode not in ("train", "eval"):
+            raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+        arch, settings = self.model.arch, self.settings
+        with self._inference():
+            inputs = self.observation_inputs(obs)
+            prefix, hidden = self._prefix(inputs)
+            state = inputs["state"].to(self.model.action_out_proj.weight.dtype)
+            noise = torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim, dtype=state.dtype,
+                                device=self.device)
+            method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
+            drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head)
+            values = self._value(prefix, hidden, state)
+        actions = self.normalization.unnormalize(drawn["actions"][:, :settings.executed_actions, :settings.action_dim]
+                                                 .float(), ACTION_KEY, "ACTION")
+        inputs.update(chain=drawn["chain"].float(), stochastic_step=drawn["stochastic_step"])
+        return PolicyOutput(actions=actions, logprobs=drawn["logprob"], values=values, forward_inputs=inputs)
+
+    def value(self, obs) -> torch.Tensor:
+        with self._inference():
+            inputs = self.observation_inputs(obs)
+            prefix, hidden = self._prefix(inputs)
+            return self._value(prefix, hidden, inputs["state"].to(self.model.action_out_proj.weight.dtype))
+
+    def evaluate(self, forward_inputs: Dict[str, torch.Tensor], actions=None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Re-score the stored chains -> (logprobs, entropy, values) [B], with gradients.
+        ``actions`` is unused: the chain defines the decision exactly."""
+        inputs = {k: v.to(self.device) for k, v in forward_inputs.items()}
+        prefix, hidden = self._prefix(inputs)
+        dtype = self.model.action_out_proj.weight.dtype
+        state = inputs["state"].to(dtype)
+        logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"].to(dtype),
+                                           inputs["stochastic_step"], self.settings, self.noise_head)
+        return logprobs, entropy, self._value(prefix, hidden, state)
