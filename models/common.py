@@ -5,6 +5,7 @@ What a policy must offer is the Policy protocol in ``embodied_async/contracts.py
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Sequence, Tuple
 
@@ -25,6 +26,19 @@ def as_tensor(value, dtype=torch.float32, device=None) -> torch.Tensor:
     if not array.flags.writeable:  # arrays Ray hands over without a copy are read-only
         array = array.copy()
     return torch.as_tensor(array, dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def inference(module: nn.Module):
+    """No grad and eval mode (no dropout; HF models also skip their KV cache in checkpointed
+    training mode) for the block; the module's mode is restored after it."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was_training)
 
 
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:

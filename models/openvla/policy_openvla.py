@@ -20,7 +20,6 @@ tiny test checkpoints) use :func:`hash_prompt_ids`, a deterministic stand-in; an
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import os
@@ -35,7 +34,7 @@ from torch import nn
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
-from models.common import as_tensor, make_mlp
+from models.common import as_tensor, inference, make_mlp
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
 from .configuration_policy import OpenVLAPolicyConfig
@@ -261,24 +260,13 @@ class OpenVLAPolicy(nn.Module):
         weight = self.value_head[0].weight
         return self.value_head(last_hidden.to(weight.dtype)).squeeze(-1).float()
 
-    @contextlib.contextmanager
-    def _inference(self):
-        """No grad, no dropout, KV cache usable (HF skips the cache in checkpointed training mode)."""
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            self.train(was_training)
-
     # ------------------------------------------------------------------------------ protocol
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor,
                  mode: str = "train") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """KV-cached decoding of ``action_dim`` tokens -> (tokens [B, A], logprobs, entropy, values [B])."""
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
-        with self._inference():
+        with inference(self):
             hidden, mask, cache = self._prefill(input_ids, attention_mask, pixel_values, use_cache=True)
             last = hidden[:, -1]
             values = self._value(last)
@@ -325,7 +313,7 @@ class OpenVLAPolicy(nn.Module):
     def value(self, obs) -> torch.Tensor:
         """Values [B] of observations (prompt-only pass, no generation)."""
         inputs = self._inputs(obs)
-        with self._inference():
+        with inference(self):
             hidden, _, _ = self._prefill(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"])
             return self._value(hidden[:, -1])
 

@@ -14,14 +14,13 @@ alone and is the same whether it is asked during sampling, for bootstrapping or 
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from embodied_async.data import PolicyOutput
-from models.common import as_tensor, make_mlp
+from models.common import as_tensor, inference, make_mlp
 
 from .chain import ChainSettings, chain_log_prob, sample_chain
 from .modeling_pi0 import Pi0Model
@@ -144,22 +143,12 @@ class Pi0Policy(nn.Module):
         weight = self.value_head[0].weight
         return self.value_head(features.to(weight.dtype)).squeeze(-1).float()
 
-    @contextlib.contextmanager
-    def _inference(self):
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            self.train(was_training)
-
     # ---- protocol --------------------------------------------------------------------------
     def predict(self, obs, mode: str = "train") -> PolicyOutput:
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         arch, settings = self.model.arch, self.settings
-        with self._inference():
+        with inference(self):
             inputs = self.observation_inputs(obs)
             prefix, hidden = self._prefix(inputs)
             state = inputs["state"].to(self.model.action_out_proj.weight.dtype)
@@ -174,7 +163,7 @@ class Pi0Policy(nn.Module):
         return PolicyOutput(actions=actions, logprobs=drawn["logprob"], values=values, forward_inputs=inputs)
 
     def value(self, obs) -> torch.Tensor:
-        with self._inference():
+        with inference(self):
             inputs = self.observation_inputs(obs)
             prefix, hidden = self._prefix(inputs)
             return self._value(prefix, hidden, inputs["state"].to(self.model.action_out_proj.weight.dtype))
