@@ -5,18 +5,13 @@
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
-from embodied_async.config.checks import ConfigError, bound, choice
+from embodied_async.config.checks import bound, choice
 from embodied_async.config.schema import ModelConfig
+from models.checkpoints import check_checkpoint_path
 from models.configuration_lora import LoraConfig
-
-# ``owner/name`` on the Hugging Face hub (one slash, no path-like start)
-_HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-_LOCAL_PREFIXES = ("/", "./", "../", "~")
 
 
 @dataclass
@@ -70,20 +65,4 @@ class OpenVLAPolicyConfig(ModelConfig):
         return notes(self)
 
     def _check_path(self) -> None:
-        """A local folder or a hub repo id (looked up by the worker). A path that looks local must
-        exist, unless ``tiny_random_init`` will create it there."""
-        path = self.path
-        if path is None:
-            raise ConfigError("model.path is not set: give an OpenVLA checkpoint folder or a Hugging Face repo id "
-                              "such as 'openvla/openvla-7b'")
-        local = os.path.expanduser(path)
-        if self.tiny_random_init or os.path.isdir(local):
-            return
-        if os.path.exists(local):
-            raise ConfigError(f"model.path={path!r} is a file, not a checkpoint folder: point model.path at the "
-                              "folder that holds config.json and the weights")
-        if path.startswith(_LOCAL_PREFIXES) or path in (".", "..") or not _HUB_REPO_ID.fullmatch(path):
-            raise ConfigError(
-                f"model.path={path!r} is neither an existing folder nor a Hugging Face repo id ('owner/name'): "
-                "fix the path (relative paths are relative to the working directory), give a repo id such as "
-                "'openvla/openvla-7b', or set model.tiny_random_init=true to create a tiny random checkpoint there")
+        check_checkpoint_path(self.path, self.tiny_random_init, "openvla/openvla-7b", "an OpenVLA")

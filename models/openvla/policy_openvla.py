@@ -34,6 +34,7 @@ from torch import nn
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
+from models.checkpoints import resolve_checkpoint
 from models.common import as_tensor, inference, make_mlp
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
@@ -352,26 +353,6 @@ def ensure_tiny_checkpoint(path: str, action_dim: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def resolve_checkpoint(path: str) -> str:
-    """A local folder as it is; otherwise a Hugging Face repo id, downloaded into the normal cache
-    (with a progress bar) or found there when offline."""
-    path = os.path.expanduser(path)  # the validation accepted "~/..." the same way
-    if os.path.isdir(path):
-        return path
-    if os.path.exists(path) or path.count("/") != 1:
-        raise FileNotFoundError(f"model.path={path!r} is neither a checkpoint folder nor a Hugging Face repo id "
-                                "('owner/name')")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(repo_id=path)
-    except Exception as err:  # offline, unknown repo, gated repo, missing files
-        raise FileNotFoundError(
-            f"could not get the OpenVLA checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}: "
-            f"{err}). On a machine with access run: huggingface-cli download {path} ; then set "
-            "model.path to the downloaded folder (or keep the repo id: the cache is used)") from err
-
-
 def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None,
                         device=None) -> OpenVLAPolicy:
     """Policy builder ``(model_cfg, env_spec, device) -> OpenVLAPolicy`` (the family's ``builder``);
@@ -384,7 +365,7 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         ensure_tiny_checkpoint(model_cfg.path, env_spec.action_dim if env_spec else 7)
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
-        resolve_checkpoint(model_cfg.path), dtype=DTYPES[model_cfg.precision], device=device,
+        resolve_checkpoint(model_cfg.path, "the OpenVLA"), dtype=DTYPES[model_cfg.precision], device=device,
         unnorm_key=model_cfg.unnorm_key,
         temperature=float(model_cfg.temperature),
         top_k=model_cfg.top_k,

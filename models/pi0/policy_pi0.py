@@ -179,3 +179,82 @@ class Pi0Policy(nn.Module):
         logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"].to(dtype),
                                            inputs["stochastic_step"], self.settings, self.noise_head)
         return logprobs, entropy, self._value(prefix, hidden, state)
+
+
+# ---------------------------------------------------------------------------------- building
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+WORDS_TOKENIZER = "words"
+
+
+def words_tokenizer(vocab_size: int) -> Callable[[str], List[int]]:
+    """A tokenizer stand-in for tiny test checkpoints: BOS (2), one stable id per word, "\\n" (108)."""
+    import hashlib
+
+    def tokenize(text: str) -> List[int]:
+        ids = [3 + int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "little") % (vocab_size - 3)
+               for w in text.split()]
+        return [2] + ids + ([108] if text.endswith("\n") else [])
+    return tokenize
+
+
+def load_tokenizer(name: str, vocab_size: int) -> Callable[[str], List[int]]:
+    """``model.tokenizer``: the PaliGemma tokenizer from a folder or the hub cache, or the stand-in."""
+    if name == WORDS_TOKENIZER:
+        return words_tokenizer(vocab_size)
+    from transformers import AutoTokenizer  # lazy: importing transformers takes seconds
+
+    from models.checkpoints import resolve_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(name, "the PaliGemma tokenizer"), local_files_only=True)
+    return lambda text: list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
+    """Policy builder ``(model_cfg, env_spec, device) -> Pi0Policy`` (the family's ``builder``)."""
+    import os
+
+    from models.checkpoints import resolve_checkpoint
+
+    from .modeling_pi0 import load_pi0
+    from .processing_pi0 import normalization_from_config, read_normalization
+    from .tiny import make_tiny_pi0
+
+    keys = [k for k in model_cfg.camera_keys if env_spec is None or k in env_spec.obs_shapes]
+    if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
+        state_dim = env_spec.obs_shapes["states"][0] if env_spec else 8
+        tmp = f"{model_cfg.path}.tmp-{os.getpid()}"  # several workers may ask at once: the first rename wins
+        make_tiny_pi0(tmp, state_dim, env_spec.action_dim if env_spec else 7,
+                      cameras=["base_0_rgb", "left_wrist_0_rgb"][:max(1, len(keys))])
+        try:
+            os.rename(tmp, model_cfg.path)
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    folder = resolve_checkpoint(model_cfg.path, "the Pi0")
+    model = load_pi0(folder, dtype=DTYPES[model_cfg.precision], device=device)
+    arch = model.arch
+    if model_cfg.normalization_stats:
+        normalization = normalization_from_config(model_cfg.normalization_stats, model_cfg.normalization_modes)
+    else:
+        normalization = read_normalization(folder)
+        if normalization is None:
+            raise FileNotFoundError(f"{folder} holds no normalisation statistics (policy_preprocessor.json): give "
+                                    "them as model.normalization_stats / model.normalization_modes")
+    executed = env_spec.num_action_chunks if env_spec else 1
+    action_dim = env_spec.action_dim if env_spec else arch.action_dim
+    if executed > arch.chunk_size or action_dim > arch.max_action_dim:
+        raise ValueError(f"env.num_action_chunks={executed} and the env's {action_dim} action dims must fit the "
+                         f"checkpoint's chunk of {arch.chunk_size} x {arch.max_action_dim}")
+    settings = ChainSettings(model_cfg.noise_method, model_cfg.num_steps or arch.num_inference_steps, executed,
+                             action_dim, model_cfg.noise_level, tuple(model_cfg.noise_std_bounds))
+    lora = model_cfg.lora
+    return Pi0Policy(model, normalization, load_tokenizer(model_cfg.tokenizer, arch.vocab_size), settings,
+                     camera_keys=keys, value_input=model_cfg.value_input,
+                     value_head_hidden_sizes=model_cfg.value_head_hidden_sizes,
+                     noise_head_hidden_sizes=model_cfg.noise_head_hidden_sizes,
+                     lora_rank=int(lora.rank) if lora.enabled else 0, lora_alpha=float(lora.alpha),
+                     lora_targets=list(lora.target_modules), lora_parts=list(lora.parts), lora_init=lora.init_weights,
+                     gradient_checkpointing=model_cfg.gradient_checkpointing,
+                     pad_after_scaling=model_cfg.pad_after_scaling)

@@ -222,7 +222,7 @@ def test_greedy_tokens_match_reference(name):
 
 
 def test_unreachable_hub_checkpoint_names_the_repo_and_the_fix(monkeypatch):
-    from models.openvla.policy_openvla import resolve_checkpoint
+    from models.checkpoints import resolve_checkpoint
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="huggingface-cli download someone/no-such-openvla"):

@@ -1,0 +1,53 @@
+"""Where a pretrained checkpoint comes from, for the families that fine-tune one: a local folder
+or a Hugging Face repo id (downloaded into the hub's cache, or found there when offline)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from embodied_async.config.checks import ConfigError
+
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+LOCAL_PREFIXES = ("/", "./", "../", "~")
+
+
+def check_checkpoint_path(path: Optional[str], tiny_random_init: bool, example: str, what: str) -> None:
+    """Start-up check of ``model.path``: an existing folder or a hub repo id (looked up by the
+    workers). A path that looks local must exist, unless ``tiny_random_init`` creates it there.
+    ``example``: a repo id to suggest; ``what``: the checkpoint's kind, for the messages."""
+    if path is None:
+        raise ConfigError(f"model.path is not set: give {what} checkpoint folder or a Hugging Face repo id such "
+                          f"as '{example}'")
+    local = os.path.expanduser(path)
+    if tiny_random_init or os.path.isdir(local):
+        return
+    if os.path.exists(local):
+        raise ConfigError(f"model.path={path!r} is a file, not a checkpoint folder: point model.path at the "
+                          "folder that holds config.json and the weights")
+    if path.startswith(LOCAL_PREFIXES) or path in (".", "..") or not HUB_REPO_ID.fullmatch(path):
+        raise ConfigError(
+            f"model.path={path!r} is neither an existing folder nor a Hugging Face repo id ('owner/name'): "
+            "fix the path (relative paths are relative to the working directory), give a repo id such as "
+            f"'{example}', or set model.tiny_random_init=true to create a tiny random checkpoint there")
+
+
+def resolve_checkpoint(path: str, what: str = "the") -> str:
+    """A local folder as it is; otherwise a Hugging Face repo id, downloaded into the normal cache
+    (with a progress bar) or found there when offline."""
+    path = os.path.expanduser(path)  # the validation accepted "~/..." the same way
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path) or path.count("/") != 1:
+        raise FileNotFoundError(f"model.path={path!r} is neither a checkpoint folder nor a Hugging Face repo id "
+                                "('owner/name')")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id=path)
+    except Exception as err:  # offline, unknown repo, gated repo, missing files
+        raise FileNotFoundError(
+            f"could not get {what} checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}: "
+            f"{err}). On a machine with access run: huggingface-cli download {path} ; then set "
+            "model.path to the downloaded folder (or keep the repo id: the cache is used)") from err

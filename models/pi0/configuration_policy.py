@@ -1,0 +1,75 @@
+"""Config of the Pi0 policy family (``model.name: pi0``): every key and its default.
+
+(``configuration_pi0.py`` beside it reads the checkpoint's own architecture.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Dict, List, Optional
+
+from embodied_async.config.checks import bound, choice, require
+from embodied_async.config.schema import ModelConfig
+from models.checkpoints import check_checkpoint_path
+from models.configuration_lora import LoraConfig
+
+# Gemma's and SigLIP's linear layers (attention and MLP)
+GEMMA_SIGLIP_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "out_proj",
+                        "fc1", "fc2"]
+
+
+@dataclass
+class Pi0LoraConfig(LoraConfig):
+    target_modules: List[str] = field(default_factory=lambda: list(GEMMA_SIGLIP_LINEARS))
+    # where the adapters go: "paligemma" (SigLIP + Gemma 2B), "expert" (the action expert) or both
+    parts: List[str] = field(default_factory=lambda: ["paligemma", "expert"])
+
+
+@dataclass
+class Pi0PolicyConfig(ModelConfig):
+    """Pi0 (LeRobot-format checkpoints, loaded natively): a flow-matching action chunk per decision."""
+
+    name: str = "pi0"
+    # a LeRobot Pi0 folder (config.json, model.safetensors, policy_preprocessor.json) or hub repo id
+    path: Optional[str] = None
+    # how a chain is drawn for training: "flow_sde" (one Gaussian SDE step per sample), "flow_noise"
+    # (every step noised by a learned std) or "flow_ode" (deterministic: no log-prob, evaluation only)
+    noise_method: str = "flow_sde"
+    num_steps: Optional[int] = None  # denoising steps; None: the checkpoint's num_inference_steps
+    noise_level: float = 0.5  # flow_sde: scale of the SDE's noise
+    noise_std_bounds: List[float] = field(default_factory=lambda: [0.08, 0.16])  # flow_noise: [low, high]
+    value_input: str = "expert"  # the value head reads the action expert ("expert") or the prefix
+    value_head_hidden_sizes: List[int] = field(default_factory=lambda: [512, 128])
+    noise_head_hidden_sizes: List[int] = field(default_factory=lambda: [128, 64])
+    # observation keys filling the checkpoint's cameras in order; keys the env lacks are left out
+    # and their cameras masked, as LeRobot does for an absent camera
+    camera_keys: List[str] = field(default_factory=lambda: ["main_images", "wrist_images"])
+    lora: Pi0LoraConfig = field(default_factory=Pi0LoraConfig)
+    gradient_checkpointing: bool = False
+    pad_after_scaling: bool = False  # pad images like openpi (-1) rather than LeRobot (-3)
+    # state/action statistics ({"observation.state.mean": [...], ...}) and modes ({"STATE": "MEAN_STD"});
+    # empty: the ones LeRobot saved beside the checkpoint
+    normalization_stats: Dict[str, List[float]] = field(default_factory=dict)
+    normalization_modes: Dict[str, str] = field(default_factory=dict)
+    # the PaliGemma tokenizer: a folder or hub repo id; "words" is a stand-in for tiny test checkpoints
+    tokenizer: str = "google/paligemma-3b-pt-224"
+    # build a tiny random-init checkpoint at model.path when that folder does not exist yet
+    tiny_random_init: bool = False
+
+    builder: ClassVar[str] = "models.pi0.policy_pi0:build_pi0_policy"
+    cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openpi_tiny"
+
+    def check(self) -> None:
+        choice(self.noise_method, "model.noise_method", ("flow_sde", "flow_noise", "flow_ode"))
+        choice(self.value_input, "model.value_input", ("expert", "prefix"))
+        bound(self.num_steps, "model.num_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 4",
+              null="for the checkpoint's own number")
+        bound(self.noise_level, "model.noise_level", lambda v: v > 0, "must be > 0", "use e.g. 0.5")
+        low_high = list(self.noise_std_bounds)
+        require(len(low_high) == 2 and 0 < low_high[0] <= low_high[1],
+                f"model.noise_std_bounds={low_high} must be [low, high] with 0 < low <= high; use e.g. [0.08, 0.16]")
+        self.lora.check("model.lora")
+        unknown = sorted(set(self.lora.parts) - {"paligemma", "expert"})
+        require(not unknown and bool(self.lora.parts),
+                f"model.lora.parts={list(self.lora.parts)}: use one or both of ['paligemma', 'expert']")
+        check_checkpoint_path(self.path, self.tiny_random_init, "lerobot/pi0_base", "a LeRobot Pi0")
