@@ -61,3 +61,16 @@ def fresh_ray_per_module():
     yield
     if ray.is_initialized():
         ray.shutdown()
+
+
+def run_recipe(config_name: str, log_path, *overrides: str, timeout: int = 600):
+    """Run ``train_async.py`` on a recipe in a subprocess -> (completed process, metrics records)."""
+    import json
+    import subprocess
+
+    entry = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
+    proc = subprocess.run([sys.executable, entry, "--config-name", config_name, f"runner.logger.log_path={log_path}",
+                           *overrides], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(os.path.join(log_path, "metrics.jsonl")) as f:
+        return proc, [json.loads(line) for line in f]
