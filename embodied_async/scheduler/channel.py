@@ -37,7 +37,9 @@ class Shared:
     Weights go to each rollout rank: put into a message as is, they would be serialised once per
     rank on the way into the channel and again on the way out. ``channel.share(payload)`` stores
     them once (Ray's object store; in process: the object itself) and the message carries only
-    this handle; ``get()`` reads the payload from the store.
+    this handle; ``get()`` reads the payload from the store. Under Ray the payload belongs to the
+    process that shared it: it can be read while that process lives (a receiver of weights only
+    needs them while the actor that published them runs).
     """
 
     def __init__(self, value: Any = None, ref: Any = None):

@@ -43,18 +43,21 @@ def first_update(make_config, world_size: int, name: str):
         host, port = group.call_rank(0, "master_address").result()
         wait_all(group.call("init_model", host, port), timeout=120)
         wait_all(group.call("publish_weights"), timeout=60)
-        before = weight_ch.get(key=0, timeout=30)
+        # a published payload lives in the publishing actor's object store: read it while it runs
+        first = weight_ch.get(key=0, timeout=30)
+        before = first.state_dict
         for rank, shard in enumerate(synthetic_trajectory().split(world_size)):
             actor_ch.put(shard, key=(0, 0, rank))  # stream (rollout 0, stage 0), actor rank
         metrics = wait_all(group.call("train_step"), timeout=120)[0]
         after = weight_ch.get(key=0, timeout=30)
+        after_state = after.state_dict
     finally:
         wait_all(group.call("close"), timeout=30)
         group.shutdown()
         actor_ch.destroy()
         weight_ch.destroy()
-    assert (before.version, after.version) == (0, 1)
-    return before.state_dict, after.state_dict, metrics
+    assert (first.version, after.version) == (0, 1)
+    return before, after_state, metrics
 
 
 @pytest.mark.slow
