@@ -120,7 +120,7 @@ def _memory_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
         lines.append(f"  GPU {device}: {total / GIB:.1f} GiB")
         for name, value in sorted(items.items(), key=lambda kv: -kv[1]):
             if value >= 0.05 * GIB:
-                lines.append(f"    {name:<40} {value / GIB:7.2f} GiB")
+                lines.append(f"    {name:<48} {value / GIB:7.2f} GiB")
     if not model_known:
         lines.append(f"  (model family '{cfg.model.name}' gives no memory estimate: weights not counted)")
     startup = (cfg.model.memory_estimate(workload(cfg, topology)) or {}).get("startup", {})

@@ -32,6 +32,27 @@ def test_7b_recipe_dry_run_prints_the_plan_and_starts_nothing():
     assert "rollout weights" in out and "actor Adam moments (shard)" in out and "rollout KV cache" in out
 
 
+def test_pi0_recipe_dry_run_prints_its_plan():
+    proc = subprocess.run([sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_openpi", "runner.dry_run=true"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "model pi0" in proc.stdout and "1024 decisions (5120 env steps)" in proc.stdout
+    totals = [float(x) for x in re.findall(r"^  GPU \d: ([\d.]+) GiB$", proc.stdout, flags=re.M)]
+    assert len(totals) == 4 and all(10 < t < 80 for t in totals)
+
+
+def test_pi0_parameter_counts_of_the_plan_match_the_built_policy(make_config, tmp_path):
+    from models.pi0.memory import _architecture, _counts
+
+    cfg = make_config("model.name=pi0", f"model.path={tmp_path}/tiny_pi0", "model.tiny_random_init=true",
+                      "model.tokenizer=words", "model.value_head_hidden_sizes=[16]", "model.lora.enabled=true",
+                      "model.lora.rank=4", "model.camera_keys=[main_images]")
+    policy = build_policy(cfg.model, None)  # makes the tiny checkpoint (8 state dims, 7 actions), loads it
+    counts = _counts(cfg.model, _architecture(cfg.model)[0])
+    assert counts["total"] == sum(p.numel() for p in policy.parameters())
+    assert counts["trainable"] == sum(p.numel() for p in policy.parameters() if p.requires_grad)
+
+
 def test_dry_run_plans_for_the_gpus_the_placement_names():
     placement = lambda **ids: SimpleNamespace(cluster=SimpleNamespace(component_placement=ids))  # noqa: E731
     assert planned_num_gpus(placement(env="0-3", rollout="2-3", actor="0,5")) == 6

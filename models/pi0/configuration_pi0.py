@@ -139,3 +139,17 @@ def read_architecture(folder: str) -> Pi0Architecture:
         tokenizer_max_length=int(config.get("tokenizer_max_length", 48)),
         min_period=float(config.get("min_period", 4e-3)), max_period=float(config.get("max_period", 4.0)),
         cameras=cameras, state_dim=int(state["shape"][0]), action_dim=int(action["shape"][0]))
+
+
+# The sizes LeRobot's variant names stand for (its get_gemma_config) and SigLIP-so400m at 224 px
+GEMMA_VARIANTS = {"gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
+                  "gemma_300m": GemmaSize(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256)}
+SIGLIP_SO400M = SiglipSize(width=1152, depth=27, mlp_dim=4304, num_heads=16, patch_size=14, num_patches=256)
+
+
+def pi0_base_architecture(state_dim: int = 0, action_dim: int = 0) -> Pi0Architecture:
+    """The released Pi0's shape (PaliGemma 3B + a 300M expert, three cameras), for plans made
+    without the checkpoint at hand."""
+    return Pi0Architecture(vlm=GEMMA_VARIANTS["gemma_2b"], expert=GEMMA_VARIANTS["gemma_300m"], vision=SIGLIP_SO400M,
+                           vocab_size=257152, cameras=["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"],
+                           state_dim=state_dim, action_dim=action_dim)

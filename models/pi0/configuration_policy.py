@@ -59,6 +59,16 @@ class Pi0PolicyConfig(ModelConfig):
     builder: ClassVar[str] = "models.pi0.policy_pi0:build_pi0_policy"
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openpi_tiny"
 
+    def memory_estimate(self, workload):
+        from .memory import estimate
+
+        return estimate(self, workload)
+
+    def memory_notes(self):
+        from .memory import notes
+
+        return notes(self)
+
     def check(self) -> None:
         choice(self.noise_method, "model.noise_method", ("flow_sde", "flow_noise", "flow_ode"))
         choice(self.value_input, "model.value_input", ("expert", "prefix"))
