@@ -48,6 +48,15 @@ def resolve_checkpoint(path: str, what: str = "the") -> str:
         return snapshot_download(repo_id=path)
     except Exception as err:  # offline, unknown repo, gated repo, missing files
         raise FileNotFoundError(
-            f"could not get {what} checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}: "
-            f"{err}). On a machine with access run: huggingface-cli download {path} ; then set "
-            "model.path to the downloaded folder (or keep the repo id: the cache is used)") from err
+            f"could not get {what} checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}). On a "
+            f"machine with access run:  hf download {path}  (then copy the hub cache, ~/.cache/huggingface, here, or "
+            "set model.path to the downloaded folder)") from err
+
+
+def fetch_checkpoint(path: str, tiny_random_init: bool, what: str) -> str:
+    """The local folder ``model.path`` names, downloading a hub repo into the cache first (the
+    launcher does this once, so workers only read the cache); a tiny checkpoint still to be made
+    is left as is."""
+    if tiny_random_init and not os.path.isdir(os.path.expanduser(path)):
+        return path
+    return resolve_checkpoint(path, what)

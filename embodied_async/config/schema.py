@@ -98,6 +98,11 @@ class ModelConfig:
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
 
+    def fetch(self) -> None:
+        """Download what the family needs (a hub checkpoint, its tokenizer) once, in the launcher,
+        before any worker starts, and point this config at the local copies. Raise
+        ``FileNotFoundError`` naming the repo and the download command when that is not possible."""
+
     def memory_estimate(self, workload) -> Optional[Dict[str, Dict[str, float]]]:
         """GPU bytes per item for ``runner.dry_run``: ``{"rollout": {...}, "actor": {...},
         "evaluation": {...}}`` for one process of each (``workload``: ``embodied_async.plan.Workload``);

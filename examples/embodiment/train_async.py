@@ -29,6 +29,11 @@ def main(cfg: DictConfig) -> None:
 
         print(describe(train_cfg, topology), flush=True)
         return
+    try:  # once, here, with the hub's progress bar: the workers then only read the local copies
+        train_cfg.model.fetch()
+    except FileNotFoundError as err:
+        print(f"checkpoint error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     from embodied_async.checkpoint_io import CheckpointError
     from embodied_async.runner import run
     from embodied_async.scheduler.worker_group import WorkerFailed

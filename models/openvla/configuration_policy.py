@@ -10,7 +10,7 @@ from typing import ClassVar, List, Optional
 
 from embodied_async.config.checks import bound, choice
 from embodied_async.config.schema import ModelConfig
-from models.checkpoints import check_checkpoint_path
+from models.checkpoints import check_checkpoint_path, fetch_checkpoint
 from models.configuration_lora import LoraConfig
 
 
@@ -63,6 +63,9 @@ class OpenVLAPolicyConfig(ModelConfig):
         from .memory import notes
 
         return notes(self)
+
+    def fetch(self) -> None:
+        self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the OpenVLA")
 
     def _check_path(self) -> None:
         check_checkpoint_path(self.path, self.tiny_random_init, "openvla/openvla-7b", "an OpenVLA")

@@ -10,7 +10,7 @@ from typing import ClassVar, Dict, List, Optional
 
 from embodied_async.config.checks import bound, choice, require
 from embodied_async.config.schema import ModelConfig
-from models.checkpoints import check_checkpoint_path
+from models.checkpoints import check_checkpoint_path, fetch_checkpoint
 from models.configuration_lora import LoraConfig
 
 # Gemma's and SigLIP's linear layers (attention and MLP)
@@ -68,6 +68,11 @@ class Pi0PolicyConfig(ModelConfig):
         from .memory import notes
 
         return notes(self)
+
+    def fetch(self) -> None:
+        self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")
+        if self.tokenizer != "words":
+            self.tokenizer = fetch_checkpoint(self.tokenizer, False, "the PaliGemma tokenizer")
 
     def check(self) -> None:
         choice(self.noise_method, "model.noise_method", ("flow_sde", "flow_noise", "flow_ode"))

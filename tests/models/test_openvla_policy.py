@@ -225,7 +225,7 @@ def test_unreachable_hub_checkpoint_names_the_repo_and_the_fix(monkeypatch):
     from models.checkpoints import resolve_checkpoint
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="huggingface-cli download someone/no-such-openvla"):
+    with pytest.raises(FileNotFoundError, match="hf download someone/no-such-openvla"):
         resolve_checkpoint("someone/no-such-openvla")
     with pytest.raises(FileNotFoundError, match="neither a checkpoint folder nor a Hugging Face repo id"):
         resolve_checkpoint("/no/such/folder")
