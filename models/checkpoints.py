@@ -33,30 +33,34 @@ def check_checkpoint_path(path: Optional[str], tiny_random_init: bool, example: 
             f"'{example}', or set model.tiny_random_init=true to create a tiny random checkpoint there")
 
 
-def resolve_checkpoint(path: str, what: str = "the") -> str:
+def resolve_checkpoint(path: str, what: str = "the", key: str = "model.path", files: Optional[list] = None) -> str:
     """A local folder as it is; otherwise a Hugging Face repo id, downloaded into the normal cache
-    (with a progress bar) or found there when offline."""
+    (with a progress bar) or found there when offline. ``files``: only these patterns (e.g. a
+    tokenizer out of a model repo); ``key``: the config key, for the messages."""
     path = os.path.expanduser(path)  # the validation accepted "~/..." the same way
     if os.path.isdir(path):
         return path
     if os.path.exists(path) or path.count("/") != 1:
-        raise FileNotFoundError(f"model.path={path!r} is neither a checkpoint folder nor a Hugging Face repo id "
+        raise FileNotFoundError(f"{key}={path!r} is neither a checkpoint folder nor a Hugging Face repo id "
                                 "('owner/name')")
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(repo_id=path)
+        return snapshot_download(repo_id=path, allow_patterns=files)
     except Exception as err:  # offline, unknown repo, gated repo, missing files
+        include = "".join(f" --include '{f}'" for f in files or ())
         raise FileNotFoundError(
-            f"could not get {what} checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}). On a "
-            f"machine with access run:  hf download {path}  (then copy the hub cache, ~/.cache/huggingface, here, or "
-            "set model.path to the downloaded folder)") from err
+            f"could not get {what} checkpoint '{path}' from the Hugging Face hub ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200] if str(err) else 'no detail'}). On a machine with access run:  "
+            f"hf download {path}{include}  (then copy the hub cache, ~/.cache/huggingface, here, or set {key} to "
+            "the downloaded folder)") from err
 
 
-def fetch_checkpoint(path: str, tiny_random_init: bool, what: str) -> str:
+def fetch_checkpoint(path: str, tiny_random_init: bool, what: str, key: str = "model.path",
+                     files: Optional[list] = None) -> str:
     """The local folder ``model.path`` names, downloading a hub repo into the cache first (the
     launcher does this once, so workers only read the cache); a tiny checkpoint still to be made
     is left as is."""
     if tiny_random_init and not os.path.isdir(os.path.expanduser(path)):
         return path
-    return resolve_checkpoint(path, what)
+    return resolve_checkpoint(path, what, key, files)

@@ -45,14 +45,17 @@ def executed_sum(values: torch.Tensor, settings: ChainSettings) -> torch.Tensor:
 
 def _transition(model, prefix, state, x, time: torch.Tensor, settings: ChainSettings,
                 noise_head: Optional[Callable]):
-    """(Euler mean, stochastic mean, std) of the step from ``x`` at per-sample ``time`` [B]."""
+    """(Euler mean, stochastic mean, std) of the step from ``x`` at per-sample ``time`` [B], in
+    float32 whatever the model computes in: the chain is kept in float32, and a log-density of
+    35 terms summed in bfloat16 would not survive the trip from rollout to actor."""
     velocity, expert_out = model.run_suffix(*prefix, state, x, time)
+    x, velocity = x.float(), velocity.float()
     euler = euler_mean(x, velocity, settings.step_size)
     if settings.method == "flow_sde":
         mean, std = sde_transition(x, velocity, time, settings.step_size, settings.noise_level)
         return euler, mean, std.expand_as(mean)
     if settings.method == "flow_noise":
-        return euler, euler, bounded_std(noise_head(expert_out), *settings.noise_std_bounds)
+        return euler, euler, bounded_std(noise_head(expert_out).float(), *settings.noise_std_bounds)
     return euler, euler, torch.zeros_like(euler)
 
 
@@ -62,6 +65,7 @@ def sample_chain(model, prefix, state: torch.Tensor, noise: torch.Tensor, settin
     """Draw a chain from ``noise`` -> {"chain" [B, steps+1, chunk, A], "stochastic_step" [B] (-1
     when none), "logprob" [B], "entropy" [B], "actions" (the chain's end)}."""
     batch, device = noise.shape[0], noise.device
+    noise = noise.float()
     times = settings.times(device)
     if settings.method == "flow_sde":  # one stochastic step per sample, uniformly drawn
         stochastic = torch.randint(0, settings.steps, (batch,), generator=generator).to(device)
@@ -72,7 +76,7 @@ def sample_chain(model, prefix, state: torch.Tensor, noise: torch.Tensor, settin
     entropy = torch.zeros_like(logprob)
     for k in range(settings.steps):
         euler, mean, std = _transition(model, prefix, state, x, times[k].expand(batch), settings, noise_head)
-        eps = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(device)
+        eps = torch.randn(x.shape, generator=generator).to(device)
         if settings.method == "flow_sde":
             pick = stochastic == k
         else:  # flow_noise: every step is stochastic; flow_ode: none
@@ -92,6 +96,7 @@ def chain_log_prob(model, prefix, state: torch.Tensor, chain: torch.Tensor, stoc
     """Re-score a stored chain under the current weights -> (logprob [B], entropy [B]), with
     gradients. ``flow_sde`` recomputes only each sample's stochastic step; ``flow_noise`` every step."""
     batch, device = chain.shape[0], chain.device
+    chain = chain.float()
     times = settings.times(device)
     if settings.method == "flow_sde":
         rows = torch.arange(batch, device=device)

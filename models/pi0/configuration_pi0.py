@@ -115,6 +115,14 @@ def _siglip_size(shapes: Dict[str, Tuple[int, ...]], folder: str) -> SiglipSize:
                       num_patches=shapes[f"{VISION}.embeddings.position_embedding.weight"][0])
 
 
+def _vocab_size(shapes: Dict[str, Tuple[int, ...]]) -> int:
+    """The token table's rows: saved as PaliGemma's lm_head or as the (tied) embedding."""
+    for key in ("model.paligemma_with_expert.paligemma.lm_head.weight", f"{VLM}.language_model.embed_tokens.weight"):
+        if key in shapes:
+            return shapes[key][0]
+    raise ValueError("the checkpoint holds no token table (paligemma.lm_head or language_model.embed_tokens)")
+
+
 def _features(config: dict, kind: str) -> Dict[str, dict]:
     return {name: spec for name, spec in (config.get("input_features") or {}).items() if spec.get("type") == kind}
 
@@ -131,7 +139,7 @@ def read_architecture(folder: str) -> Pi0Architecture:
     cameras = [name.split(".")[-1] for name in _features(config, "VISUAL")]
     return Pi0Architecture(
         vlm=_gemma_size(shapes, f"{VLM}.language_model"), expert=_gemma_size(shapes, EXPERT),
-        vision=_siglip_size(shapes, folder), vocab_size=shapes["model.paligemma_with_expert.paligemma.lm_head.weight"][0],
+        vision=_siglip_size(shapes, folder), vocab_size=_vocab_size(shapes),
         chunk_size=int(config.get("chunk_size", 50)), max_state_dim=int(config.get("max_state_dim", 32)),
         max_action_dim=int(config.get("max_action_dim", 32)),
         num_inference_steps=int(config.get("num_inference_steps", 10)),

@@ -13,6 +13,7 @@ from embodied_async.config.schema import ModelConfig
 from models.checkpoints import check_checkpoint_path, fetch_checkpoint
 from models.configuration_lora import LoraConfig
 
+TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "*.model"]
 # Gemma's and SigLIP's linear layers (attention and MLP)
 GEMMA_SIGLIP_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "out_proj",
                         "fc1", "fc2"]
@@ -71,11 +72,18 @@ class Pi0PolicyConfig(ModelConfig):
 
     def fetch(self) -> None:
         self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")
-        if self.tokenizer != "words":
-            self.tokenizer = fetch_checkpoint(self.tokenizer, False, "the PaliGemma tokenizer")
+        if self.tokenizer != "words":  # the tokenizer's files only, not the 3B model beside them
+            self.tokenizer = fetch_checkpoint(self.tokenizer, False, "the PaliGemma tokenizer", "model.tokenizer",
+                                              TOKENIZER_FILES)
 
     def check(self) -> None:
         choice(self.noise_method, "model.noise_method", ("flow_sde", "flow_noise", "flow_ode"))
+        require(self.noise_method != "flow_ode",
+                "model.noise_method=flow_ode draws no stochastic step, so its chains have no log-prob to train on "
+                "(evaluation always samples with it): use flow_sde or flow_noise")
+        require(self.lora.dropout == 0.0 and "all-linear" not in self.lora.target_modules,
+                f"model.lora: dropout {self.lora.dropout} and target_modules {list(self.lora.target_modules)}: Pi0 "
+                "takes module names (dropout would make the actor's re-scoring differ from the rollout's draw)")
         choice(self.value_input, "model.value_input", ("expert", "prefix"))
         bound(self.num_steps, "model.num_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 4",
               null="for the checkpoint's own number")

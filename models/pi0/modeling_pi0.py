@@ -332,11 +332,14 @@ class Pi0Model(nn.Module):
 
     # ---- suffix ----------------------------------------------------------------------------
     def embed_suffix(self, state: torch.Tensor, x_t: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
-        """[state token | one token per action of the chunk, with the time mixed in]."""
-        state_token = self.state_proj(state)[:, None]
-        time_emb = sinusoidal_time_embedding(time, self.action_in_proj.out_features, self.arch.min_period,
-                                             self.arch.max_period)
-        actions = self.action_in_proj(x_t)
+        """[state token | one token per action of the chunk, with the time mixed in]. The time
+        embedding is computed from float32 times in float64 whatever the model's dtype (in
+        bfloat16, t = 0.9 would already read as 0.898) and only then cast."""
+        dtype = self.action_in_proj.weight.dtype
+        state_token = self.state_proj(state.to(dtype))[:, None]
+        time_emb = sinusoidal_time_embedding(time.float(), self.action_in_proj.out_features, self.arch.min_period,
+                                             self.arch.max_period).to(dtype)
+        actions = self.action_in_proj(x_t.to(dtype))
         mixed = torch.cat([actions, time_emb[:, None, :].expand_as(actions)], dim=2)
         action_tokens = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(mixed)))
         return torch.cat([state_token, action_tokens], dim=1)

@@ -135,10 +135,8 @@ class Pi0Policy(nn.Module):
             features = (prefix_hidden * valid).sum(1) / valid.sum(1).clamp_min(1)
         else:
             arch = self.model.arch
-            probe = torch.zeros(state.shape[0], arch.chunk_size, arch.max_action_dim, dtype=state.dtype,
-                                device=state.device)
-            _, expert_out = self.model.run_suffix(*prefix, state, probe, torch.ones(state.shape[0], device=state.device,
-                                                                                   dtype=state.dtype))
+            probe = torch.zeros(state.shape[0], arch.chunk_size, arch.max_action_dim, device=state.device)
+            _, expert_out = self.model.run_suffix(*prefix, state, probe, torch.ones(state.shape[0], device=state.device))
             features = expert_out[:, :self.settings.executed_actions].mean(1)
         weight = self.value_head[0].weight
         return self.value_head(features.to(weight.dtype)).squeeze(-1).float()
@@ -151,9 +149,8 @@ class Pi0Policy(nn.Module):
         with inference(self):
             inputs = self.observation_inputs(obs)
             prefix, hidden = self._prefix(inputs)
-            state = inputs["state"].to(self.model.action_out_proj.weight.dtype)
-            noise = torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim, dtype=state.dtype,
-                                device=self.device)
+            state = inputs["state"]
+            noise = torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim, device=self.device)
             method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
             drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head)
             values = self._value(prefix, hidden, state)
@@ -166,7 +163,7 @@ class Pi0Policy(nn.Module):
         with inference(self):
             inputs = self.observation_inputs(obs)
             prefix, hidden = self._prefix(inputs)
-            return self._value(prefix, hidden, inputs["state"].to(self.model.action_out_proj.weight.dtype))
+            return self._value(prefix, hidden, inputs["state"])
 
     def evaluate(self, forward_inputs: Dict[str, torch.Tensor], actions=None
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -174,10 +171,9 @@ class Pi0Policy(nn.Module):
         ``actions`` is unused: the chain defines the decision exactly."""
         inputs = {k: v.to(self.device) for k, v in forward_inputs.items()}
         prefix, hidden = self._prefix(inputs)
-        dtype = self.model.action_out_proj.weight.dtype
-        state = inputs["state"].to(dtype)
-        logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"].to(dtype),
-                                           inputs["stochastic_step"], self.settings, self.noise_head)
+        state = inputs["state"]
+        logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"], inputs["stochastic_step"],
+                                           self.settings, self.noise_head)
         return logprobs, entropy, self._value(prefix, hidden, state)
 
 
@@ -206,7 +202,10 @@ def load_tokenizer(name: str, vocab_size: int) -> Callable[[str], List[int]]:
 
     from models.checkpoints import resolve_checkpoint
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(name, "the PaliGemma tokenizer"), local_files_only=True)
+    from .configuration_policy import TOKENIZER_FILES
+
+    folder = resolve_checkpoint(name, "the PaliGemma tokenizer", "model.tokenizer", TOKENIZER_FILES)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return lambda text: list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
@@ -221,6 +220,10 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     from .tiny import make_tiny_pi0
 
     keys = [k for k in model_cfg.camera_keys if env_spec is None or k in env_spec.obs_shapes]
+    if not keys:
+        raise ValueError(f"none of model.camera_keys={list(model_cfg.camera_keys)} is an observation of this env "
+                         f"({sorted(env_spec.obs_shapes)}): the policy would see no camera. Use an rgb obs_mode or "
+                         "name the env's image keys")
     if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
         state_dim = env_spec.obs_shapes["states"][0] if env_spec else 8
         tmp = f"{model_cfg.path}.tmp-{os.getpid()}"  # several workers may ask at once: the first rename wins

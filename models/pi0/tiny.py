@@ -55,9 +55,10 @@ def make_tiny_pi0(folder: str, state_dim: int, action_dim: int, cameras: Sequenc
                   chunk_size: int = 10, num_steps: int = 4, seed: int = 0) -> str:
     """Write the tiny checkpoint into ``folder``; returns ``folder``."""
     arch = tiny_architecture(state_dim, action_dim, cameras, chunk_size, num_steps)
-    torch.manual_seed(seed)
-    model = Pi0Model(arch)
-    _init(model, torch.Generator().manual_seed(seed + 12345))
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # leaves the caller's RNG as it was
+        torch.manual_seed(seed)
+        model = Pi0Model(arch)
+        _init(model, torch.Generator().manual_seed(seed + 12345))
     os.makedirs(folder, exist_ok=True)
     state = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     state[UNUSED_KEYS[0]] = torch.zeros(arch.vocab_size, arch.expert.width)  # LeRobot's orphan, kept for format

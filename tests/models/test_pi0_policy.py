@@ -74,3 +74,30 @@ def test_lora_on_the_expert_alone_leaves_paligemma_frozen_and_values_are_observa
     torch.testing.assert_close(policy.value(obs), first.values)
     evaluation = policy.predict(obs, mode="eval")  # deterministic sampler
     assert (evaluation.forward_inputs["stochastic_step"] == -1).all()
+
+
+def test_bfloat16_compute_samples_and_re_scores_in_float32():
+    torch.manual_seed(0)
+    model = load_pi0(FOLDER, dtype=torch.bfloat16)
+    policy = Pi0Policy(model, read_normalization(FOLDER), words, ChainSettings("flow_sde", 4, 5, 7),
+                       camera_keys=["main_images"], value_head_hidden_sizes=(16,))
+    out = policy.predict(observations())
+    assert out.forward_inputs["chain"].dtype == torch.float32 and torch.isfinite(out.logprobs).all()
+    logprobs, _, values = policy.evaluate(out.forward_inputs)
+    assert logprobs.dtype == torch.float32
+    torch.testing.assert_close(logprobs, out.logprobs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(values, out.values, atol=1e-3, rtol=0)
+
+
+def test_config_refuses_what_cannot_train(tmp_path):
+    from embodied_async.config import ConfigError
+    from models.pi0.configuration_policy import Pi0PolicyConfig
+
+    base = dict(path=str(tmp_path / "tiny"), tiny_random_init=True)
+    Pi0PolicyConfig(**base).check()
+    with pytest.raises(ConfigError, match="flow_ode draws no stochastic step"):
+        Pi0PolicyConfig(noise_method="flow_ode", **base).check()
+    bad_lora = Pi0PolicyConfig(**base)
+    bad_lora.lora.dropout = 0.1
+    with pytest.raises(ConfigError, match="dropout"):
+        bad_lora.check()
