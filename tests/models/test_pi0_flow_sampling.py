@@ -50,3 +50,44 @@ def test_bounded_std_stays_within_bounds_and_spans_them():
     std = bounded_std(raw, 0.08, 0.16)
     assert float(std.min()) == pytest.approx(0.08, rel=1e-4) and float(std.max()) == pytest.approx(0.16, rel=1e-4)
     assert bool((std[1:] >= std[:-1]).all())  # monotone in the head's output
+
+
+class GaussianFlow:
+    """A stand-in for Pi0Model.run_suffix: the exact velocity of the flow from N(0, 1) noise to
+    N(mu, s^2) data (x_t = t * noise + (1 - t) * a), whose marginals are known."""
+
+    def __init__(self, mu: float, s: float):
+        self.mu, self.s = mu, s
+
+    def run_suffix(self, cache, pad, state, x, time):
+        t = time.reshape(-1, 1, 1).to(x.dtype)
+        gain = (t - (1 - t) * self.s ** 2) / (t ** 2 + (1 - t) ** 2 * self.s ** 2)
+        velocity = -self.mu + gain * (x - (1 - t) * self.mu)
+        return velocity, torch.zeros(x.shape[0], x.shape[1], 4)
+
+
+def test_sde_steps_drawn_by_the_sampler_keep_the_flow_marginals():
+    """Through sample_chain itself: with the exact velocity, chains with one SDE step per sample
+    end where the deterministic ones do (N(mu, s^2)); a wrong drift correction would not."""
+    from models.pi0.chain import ChainSettings, sample_chain
+
+    flow, gen = GaussianFlow(mu=0.7, s=0.4), torch.Generator().manual_seed(5)
+    noise = torch.randn(40_000, 1, 1, generator=gen)
+    ends = {}
+    for method in ("flow_ode", "flow_sde"):
+        cfg = ChainSettings(method, steps=20, executed_actions=1, action_dim=1, noise_level=1.0)
+        out = sample_chain(flow, (None, None), None, noise, cfg, generator=gen)
+        ends[method] = out["actions"].flatten()
+        if method == "flow_sde":  # each sample's stochastic step was a Gaussian of the stated std
+            rows = torch.arange(noise.shape[0])
+            k = out["stochastic_step"]
+            x_k, x_next = out["chain"][rows, k], out["chain"][rows, k + 1]
+            t = torch.tensor([1.0 - i / 20 for i in range(20)])[k]
+            mean, std = sde_transition(x_k, flow.run_suffix(None, None, None, x_k, t)[0], t, 1 / 20, 1.0)
+            z = ((x_next - mean) / std).flatten()
+            assert abs(float(z.mean())) < 0.02 and abs(float(z.std()) - 1) < 0.02
+    ode, sde = ends["flow_ode"], ends["flow_sde"]
+    assert float(ode.mean()) == pytest.approx(0.7, abs=0.01) and float(ode.std()) == pytest.approx(0.4, rel=0.1)
+    # the same marginal as the deterministic chain (Euler's own error is common to both)
+    assert float(sde.mean()) == pytest.approx(float(ode.mean()), abs=0.01)
+    assert float(sde.std()) == pytest.approx(float(ode.std()), rel=0.03)
