@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+import shutil
+from typing import Callable, Optional
 
 from embodied_async.config.checks import ConfigError
 
@@ -64,3 +65,15 @@ def fetch_checkpoint(path: str, tiny_random_init: bool, what: str, key: str = "m
     if tiny_random_init and not os.path.isdir(os.path.expanduser(path)):
         return path
     return resolve_checkpoint(path, what, key, files)
+
+
+def make_once(path: str, make: Callable[[str], None]) -> None:
+    """Create the folder ``path`` with ``make(folder)`` once, even when several workers ask at the
+    same time: each writes a private folder (same seed, same bytes) and renames it into place; the
+    first rename wins and the others discard theirs."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    make(tmp)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another worker was first
+        shutil.rmtree(tmp, ignore_errors=True)

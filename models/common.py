@@ -87,3 +87,9 @@ class GaussianHead(nn.Module):
         dist = self.distribution(mean)
         flat = actions.reshape(mean.shape).to(mean.dtype)
         return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1)
+
+
+def head_output(head: nn.Sequential, features: torch.Tensor) -> torch.Tensor:
+    """A scalar head (e.g. the value MLP) on ``features`` in the head's own dtype (the backbone may
+    compute in bfloat16 while the head is float32); float32 out, trailing 1 dropped."""
+    return head(features.to(head[0].weight.dtype)).squeeze(-1).float()

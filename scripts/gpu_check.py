@@ -34,6 +34,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update  # noqa: E402
+from embodied_async.config.schema import ActorConfig  # noqa: E402
 from embodied_async.workers.sharding import (gather_trainable, make_optimizer, shard_policy,  # noqa: E402
                                              tensor_bytes, trainable_parameters)
 from envs.synthetic.configuration_synthetic import SyntheticImageConfig  # noqa: E402
@@ -186,7 +187,7 @@ def main() -> None:
         reevaluated = actor.evaluate({k: v.to(device) for k, v in ppo_batch.forward_inputs.items()})[0].float().cpu()
     gap = float((reevaluated - ppo_batch.behaviour_logprobs).abs().max())
     policy_params, value_params = trainable_parameters(actor, actor.value_parameter_prefixes)
-    optimizer = make_optimizer(_ActorSettings(settings["recipe"]["actor"]), policy_params, value_params)
+    optimizer = make_optimizer(ActorConfig(**settings["recipe"]["actor"]), policy_params, value_params)
     actor.train()
     metrics = phases.run("actor", lambda: ppo_update(actor, optimizer, ppo_batch, settings_for_update(
         len(ppo_batch), settings["recipe"]), lambda t: t, torch.Generator().manual_seed(0), device))
@@ -210,14 +211,6 @@ def main() -> None:
         with open(args.output, "w") as f:
             f.write(text + "\n")
     print(text, flush=True)
-
-
-class _ActorSettings:
-    """The recipe's actor section as attributes (what make_optimizer reads)."""
-
-    def __init__(self, actor: dict):
-        self.optimizer, self.lr, self.value_lr = actor["optimizer"], actor["lr"], actor["value_lr"]
-        self.betas, self.adam_eps, self.weight_decay = actor["betas"], actor["adam_eps"], actor["weight_decay"]
 
 
 def _maniskill(device, phases: Phases):

@@ -94,6 +94,8 @@ class ModelConfig:
     builder: ClassVar[str] = ""  # "module:callable"
     # the recipe to suggest when a GPU recipe of this family meets a machine without GPUs
     cpu_recipe: ClassVar[Optional[str]] = None
+    # the module holding the family's dry-run arithmetic (see memory_estimate)
+    memory_model: ClassVar[Optional[str]] = None
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
@@ -106,12 +108,18 @@ class ModelConfig:
     def memory_estimate(self, workload) -> Optional[Dict[str, Dict[str, float]]]:
         """GPU bytes per item for ``runner.dry_run``: ``{"rollout": {...}, "actor": {...},
         "evaluation": {...}}`` for one process of each (``workload``: ``embodied_async.plan.Workload``);
-        None when the family cannot say."""
-        return None
+        None when the family cannot say. Families name a module with ``estimate(cfg, workload)``
+        and ``notes(cfg)`` in ``memory_model``."""
+        return self._memory_model().estimate(self, workload) if self.memory_model else None
 
     def memory_notes(self) -> List[str]:
         """Assumptions behind ``memory_estimate`` worth printing with it."""
-        return []
+        return self._memory_model().notes(self) if self.memory_model else []
+
+    def _memory_model(self):
+        import importlib
+
+        return importlib.import_module(self.memory_model)
 
 
 @dataclass

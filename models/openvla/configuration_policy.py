@@ -42,6 +42,7 @@ class OpenVLAPolicyConfig(ModelConfig):
 
     builder: ClassVar[str] = "models.openvla.policy_openvla:build_openvla_policy"
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla_tiny"
+    memory_model: ClassVar[Optional[str]] = "models.openvla.memory"
 
     def check(self) -> None:
         bound(self.temperature, "model.temperature", lambda v: v > 0, "must be > 0",
@@ -53,16 +54,6 @@ class OpenVLAPolicyConfig(ModelConfig):
         choice(self.image_preprocessing, "model.image_preprocessing", ("auto", "torch", "pil"))
         self.lora.check("model.lora")
         self._check_path()
-
-    def memory_estimate(self, workload):
-        from .memory import estimate
-
-        return estimate(self, workload)
-
-    def memory_notes(self):
-        from .memory import notes
-
-        return notes(self)
 
     def fetch(self) -> None:
         self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the OpenVLA")

@@ -24,7 +24,6 @@ import hashlib
 import inspect
 import os
 import re
-import shutil
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -35,7 +34,7 @@ from torch import nn
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from models.checkpoints import resolve_checkpoint
-from models.common import as_tensor, inference, make_mlp
+from models.common import as_tensor, head_output, inference, make_mlp
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
 from .configuration_policy import OpenVLAPolicyConfig
@@ -258,8 +257,7 @@ class OpenVLAPolicy(nn.Module):
         return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
 
     def _value(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.value_head[0].weight
-        return self.value_head(last_hidden.to(weight.dtype)).squeeze(-1).float()
+        return head_output(self.value_head, last_hidden)
 
     # ------------------------------------------------------------------------------ protocol
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor,
@@ -341,16 +339,12 @@ class OpenVLAPolicy(nn.Module):
 
 
 def ensure_tiny_checkpoint(path: str, action_dim: int) -> None:
-    """Make the tiny checkpoint once, even when several workers ask at the same time: each writes
-    a private folder (same seed, same bytes) and renames it into place; the first rename wins."""
+    """Make the tiny checkpoint at ``path`` (once, whichever worker asks first)."""
+    from models.checkpoints import make_once
+
     from .tiny import make_tiny_openvla
 
-    tmp = f"{path}.tmp-{os.getpid()}"
-    make_tiny_openvla(tmp, action_dim=action_dim, unnorm_key="tiny")  # its norm_stats key
-    try:
-        os.rename(tmp, path)
-    except OSError:  # another worker was first
-        shutil.rmtree(tmp, ignore_errors=True)
+    make_once(path, lambda folder: make_tiny_openvla(folder, action_dim=action_dim, unnorm_key="tiny"))
 
 
 def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None,

@@ -59,16 +59,7 @@ class Pi0PolicyConfig(ModelConfig):
 
     builder: ClassVar[str] = "models.pi0.policy_pi0:build_pi0_policy"
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openpi_tiny"
-
-    def memory_estimate(self, workload):
-        from .memory import estimate
-
-        return estimate(self, workload)
-
-    def memory_notes(self):
-        from .memory import notes
-
-        return notes(self)
+    memory_model: ClassVar[Optional[str]] = "models.pi0.memory"
 
     def fetch(self) -> None:
         self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from embodied_async.data import PolicyOutput
-from models.common import as_tensor, inference, make_mlp
+from models.common import as_tensor, head_output, inference, make_mlp
 
 from .chain import ChainSettings, chain_log_prob, sample_chain
 from .modeling_pi0 import Pi0Model
@@ -138,8 +138,7 @@ class Pi0Policy(nn.Module):
             probe = torch.zeros(state.shape[0], arch.chunk_size, arch.max_action_dim, device=state.device)
             _, expert_out = self.model.run_suffix(*prefix, state, probe, torch.ones(state.shape[0], device=state.device))
             features = expert_out[:, :self.settings.executed_actions].mean(1)
-        weight = self.value_head[0].weight
-        return self.value_head(features.to(weight.dtype)).squeeze(-1).float()
+        return head_output(self.value_head, features)
 
     # ---- protocol --------------------------------------------------------------------------
     def predict(self, obs, mode: str = "train") -> PolicyOutput:
@@ -200,7 +199,7 @@ def load_tokenizer(name: str, vocab_size: int) -> Callable[[str], List[int]]:
         return words_tokenizer(vocab_size)
     from transformers import AutoTokenizer  # lazy: importing transformers takes seconds
 
-    from models.checkpoints import resolve_checkpoint
+    from models.checkpoints import make_once, resolve_checkpoint
 
     from .configuration_policy import TOKENIZER_FILES
 
@@ -213,7 +212,7 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     """Policy builder ``(model_cfg, env_spec, device) -> Pi0Policy`` (the family's ``builder``)."""
     import os
 
-    from models.checkpoints import resolve_checkpoint
+    from models.checkpoints import make_once, resolve_checkpoint
 
     from .modeling_pi0 import load_pi0
     from .processing_pi0 import normalization_from_config, read_normalization
@@ -226,15 +225,9 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
                          "name the env's image keys")
     if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
         state_dim = env_spec.obs_shapes["states"][0] if env_spec else 8
-        tmp = f"{model_cfg.path}.tmp-{os.getpid()}"  # several workers may ask at once: the first rename wins
-        make_tiny_pi0(tmp, state_dim, env_spec.action_dim if env_spec else 7,
-                      cameras=["base_0_rgb", "left_wrist_0_rgb"][:max(1, len(keys))])
-        try:
-            os.rename(tmp, model_cfg.path)
-        except OSError:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        make_once(model_cfg.path, lambda folder: make_tiny_pi0(
+            folder, state_dim, env_spec.action_dim if env_spec else 7,
+            cameras=["base_0_rgb", "left_wrist_0_rgb"][:max(1, len(keys))]))
     folder = resolve_checkpoint(model_cfg.path, "the Pi0")
     model = load_pi0(folder, dtype=DTYPES[model_cfg.precision], device=device)
     arch = model.arch
