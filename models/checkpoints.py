@@ -34,10 +34,15 @@ def check_checkpoint_path(path: Optional[str], tiny_random_init: bool, example: 
             f"'{example}', or set model.tiny_random_init=true to create a tiny random checkpoint there")
 
 
-def resolve_checkpoint(path: str, what: str = "the", key: str = "model.path", files: Optional[list] = None) -> str:
-    """A local folder as it is; otherwise a Hugging Face repo id, downloaded into the normal cache
-    (with a progress bar) or found there when offline. ``files``: only these patterns (e.g. a
-    tokenizer out of a model repo); ``key``: the config key, for the messages."""
+def resolve_checkpoint(path: str, what: str = "the", key: str = "model.path", files: Optional[list] = None,
+                       cache_first: bool = True) -> str:
+    """A local folder as it is; otherwise a Hugging Face repo id: its copy in the hub's cache, or
+    (not cached, or ``cache_first=False``) downloaded into the cache with a progress bar (the hub
+    falls back to the cache when it cannot be reached). ``files``: only these patterns (e.g. a
+    tokenizer out of a model repo); ``key``: the config key, for the messages.
+
+    Workers take the cache first: the launcher fetched the checkpoint already (``fetch_checkpoint``),
+    so on its node they start without a request to the hub; on another node they download it."""
     path = os.path.expanduser(path)  # the validation accepted "~/..." the same way
     if os.path.isdir(path):
         return path
@@ -46,6 +51,11 @@ def resolve_checkpoint(path: str, what: str = "the", key: str = "model.path", fi
                                 "('owner/name')")
     from huggingface_hub import snapshot_download
 
+    if cache_first:
+        try:
+            return snapshot_download(repo_id=path, allow_patterns=files, local_files_only=True)
+        except Exception:  # not cached (or not all of ``files``): download below
+            pass
     try:
         return snapshot_download(repo_id=path, allow_patterns=files)
     except Exception as err:  # offline, unknown repo, gated repo, missing files
@@ -58,13 +68,15 @@ def resolve_checkpoint(path: str, what: str = "the", key: str = "model.path", fi
 
 
 def fetch_checkpoint(path: str, tiny_random_init: bool, what: str, key: str = "model.path",
-                     files: Optional[list] = None) -> str:
-    """The local folder ``model.path`` names, downloading a hub repo into the cache first (the
-    launcher does this once, so workers only read the cache); a tiny checkpoint still to be made
-    is left as is."""
+                     files: Optional[list] = None) -> None:
+    """Download the hub repo ``model.path`` names into the cache (the launcher does this once,
+    before any worker starts, so that the hub's progress bar is on the terminal and the workers
+    find the cache). ``model.path`` keeps the repo id: checkpoints and the saved config name it,
+    not this machine's cache folder. A local folder, or a tiny checkpoint still to be made, needs
+    nothing."""
     if tiny_random_init and not os.path.isdir(os.path.expanduser(path)):
-        return path
-    return resolve_checkpoint(path, what, key, files)
+        return
+    resolve_checkpoint(path, what, key, files, cache_first=False)
 
 
 def make_once(path: str, make: Callable[[str], None]) -> None:

@@ -102,7 +102,8 @@ class ModelConfig:
 
     def fetch(self) -> None:
         """Download what the family needs (a hub checkpoint, its tokenizer) once, in the launcher,
-        before any worker starts, and point this config at the local copies. Raise
+        before any worker starts, into the hub's cache, where the workers find it; the config keeps
+        naming the repo (checkpoints and the saved config say where the weights came from). Raise
         ``FileNotFoundError`` naming the repo and the download command when that is not possible."""
 
     def memory_estimate(self, workload) -> Optional[Dict[str, Dict[str, float]]]:

@@ -56,7 +56,7 @@ class OpenVLAPolicyConfig(ModelConfig):
         self._check_path()
 
     def fetch(self) -> None:
-        self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the OpenVLA")
+        fetch_checkpoint(self.path, self.tiny_random_init, "the OpenVLA")
 
     def _check_path(self) -> None:
         check_checkpoint_path(self.path, self.tiny_random_init, "openvla/openvla-7b", "an OpenVLA")

@@ -62,10 +62,9 @@ class Pi0PolicyConfig(ModelConfig):
     memory_model: ClassVar[Optional[str]] = "models.pi0.memory"
 
     def fetch(self) -> None:
-        self.path = fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")
+        fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")
         if self.tokenizer != "words":  # the tokenizer's files only, not the 3B model beside them
-            self.tokenizer = fetch_checkpoint(self.tokenizer, False, "the PaliGemma tokenizer", "model.tokenizer",
-                                              TOKENIZER_FILES)
+            fetch_checkpoint(self.tokenizer, False, "the PaliGemma tokenizer", "model.tokenizer", TOKENIZER_FILES)
 
     def check(self) -> None:
         choice(self.noise_method, "model.noise_method", ("flow_sde", "flow_noise", "flow_ode"))
