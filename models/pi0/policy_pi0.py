@@ -103,8 +103,6 @@ class Pi0Policy(nn.Module):
                   for i, key in enumerate(self.camera_keys)}
         tokens, mask = prompt_tokens(list(obs["task_descriptions"]), self.tokenize, arch.tokenizer_max_length)
         state = as_tensor(obs["states"], device=device)
-        if arch.state_dim and state.shape[-1] != arch.state_dim:
-            raise ValueError(f"the env's state has {state.shape[-1]} values, the checkpoint expects {arch.state_dim}")
         state = self.normalization.normalize(state, STATE_KEY, "STATE")
         inputs.update(tokens=tokens.to(device), token_mask=mask.to(device), state=pad_to(state, arch.max_state_dim))
         return inputs
@@ -215,7 +213,7 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     from models.checkpoints import make_once, resolve_checkpoint
 
     from .modeling_pi0 import load_pi0
-    from .processing_pi0 import normalization_from_config, read_normalization
+    from .processing_pi0 import PREPROCESSOR_FILE, normalization_from_config, read_normalization
     from .tiny import make_tiny_pi0
 
     keys = [k for k in model_cfg.camera_keys if env_spec is None or k in env_spec.obs_shapes]
@@ -233,16 +231,28 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     arch = model.arch
     if model_cfg.normalization_stats:
         normalization = normalization_from_config(model_cfg.normalization_stats, model_cfg.normalization_modes)
+        source = "model.normalization_stats"
     else:
         normalization = read_normalization(folder)
+        source = f"{folder}/{PREPROCESSOR_FILE}"
         if normalization is None:
-            raise FileNotFoundError(f"{folder} holds no normalisation statistics (policy_preprocessor.json): give "
+            raise FileNotFoundError(f"{folder} holds no normalisation statistics ({PREPROCESSOR_FILE}): give "
                                     "them as model.normalization_stats / model.normalization_modes")
     executed = env_spec.num_action_chunks if env_spec else 1
     action_dim = env_spec.action_dim if env_spec else arch.action_dim
+    state_dim = env_spec.obs_shapes["states"][0] if env_spec else arch.state_dim
     if executed > arch.chunk_size or action_dim > arch.max_action_dim:
         raise ValueError(f"env.num_action_chunks={executed} and the env's {action_dim} action dims must fit the "
                          f"checkpoint's chunk of {arch.chunk_size} x {arch.max_action_dim}")
+    if state_dim > arch.max_state_dim:
+        raise ValueError(f"the env's state has {state_dim} values, more than the {arch.max_state_dim} the checkpoint "
+                         f"{model_cfg.path} takes (config.json max_state_dim): choose an env obs_mode or robot with "
+                         "a shorter state")
+    if arch.state_dim and state_dim and state_dim != arch.state_dim:  # fine-tuning on another robot pads the same
+        print(f"[pi0] note: the checkpoint was trained on a {arch.state_dim}-value state and this env's has "
+              f"{state_dim}; both are zero-padded to {arch.max_state_dim}", flush=True)
+    if state_dim:
+        normalization.check_dims(state_dim, action_dim, source)
     settings = ChainSettings(model_cfg.noise_method, model_cfg.num_steps or arch.num_inference_steps, executed,
                              action_dim, model_cfg.noise_level, tuple(model_cfg.noise_std_bounds))
     lora = model_cfg.lora

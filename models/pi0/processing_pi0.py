@@ -6,9 +6,10 @@
   (the default) reproduces LeRobot, which is what a LeRobot-trained checkpoint has seen.
 - State: normalised, then zero-padded to ``max_state_dim``; actions: the first ``action_dim`` of
   the ``max_action_dim`` outputs, un-normalised.
-- Normalisation: the statistics LeRobot saves beside the checkpoint
-  (``policy_preprocessor.json`` names its ``normalizer_processor`` step and that step's
-  safetensors), or given statistics; modes MEAN_STD, MIN_MAX and IDENTITY per feature type.
+- Normalisation: the statistics LeRobot saves beside the checkpoint (``policy_preprocessor.json``
+  names its ``normalizer_processor`` step and that step's safetensors; ``policy_postprocessor.json``
+  its ``unnormalizer_processor``, which un-normalises actions at inference), or given statistics;
+  modes MEAN_STD, MIN_MAX and IDENTITY per feature type.
 - Prompts: the task text plus "\\n", tokenised with the checkpoint's PaliGemma tokenizer and
   right-padded to ``tokenizer_max_length``.
 """
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-PREPROCESSOR_FILE = "policy_preprocessor.json"
+PREPROCESSOR_FILE, POSTPROCESSOR_FILE = "policy_preprocessor.json", "policy_postprocessor.json"
 MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 
@@ -77,6 +78,22 @@ class Normalization:
             raise KeyError(f"{mode} normalisation of {key} needs the statistics {missing}, which were not given")
         return mode, [self.stats[f"{key}.{n}"] for n in names]
 
+    def check_dims(self, state_dim: int, action_dim: int, source: str) -> None:
+        """Start-up check: every statistic the modes need is there and has the env's size."""
+        for key, kind, dim in ((STATE_KEY, "STATE", state_dim), (ACTION_KEY, "ACTION", action_dim)):
+            try:
+                _, params = self._params(key, kind)
+            except KeyError as err:
+                raise ValueError(f"{err.args[0]} ({source}): give them as model.normalization_stats, e.g. "
+                                 f"{key}.mean / {key}.std from the dataset the checkpoint was trained on") from None
+            for value in params:
+                if value.numel() != dim:
+                    raise ValueError(
+                        f"the {kind.lower()} statistics {key}.* ({source}) have {value.numel()} values and this env's "
+                        f"{kind.lower()} has {dim}: the checkpoint was trained on another robot or dataset; give "
+                        "statistics for this env as model.normalization_stats (and fine-tune from a checkpoint "
+                        "trained on this embodiment)")
+
     def normalize(self, x: torch.Tensor, key: str, kind: str) -> torch.Tensor:
         mode, params = self._params(key, kind)
         if mode == "MEAN_STD":
@@ -99,23 +116,35 @@ class Normalization:
 
 
 def read_normalization(folder: str) -> Optional[Normalization]:
-    """The statistics LeRobot saved beside a checkpoint; None when the folder has none."""
+    """The statistics LeRobot saved beside a checkpoint: the pre-processor's normaliser, with the
+    action statistics of the post-processor's un-normaliser where there is one (what LeRobot
+    applies to the actions it outputs); None when the folder has no normaliser."""
+    pre = _processor_step(folder, PREPROCESSOR_FILE, "normalizer_processor")
+    if pre is None:
+        return None
+    post = _processor_step(folder, POSTPROCESSOR_FILE, "unnormalizer_processor")
+    stats = dict(pre[1])
+    if post is not None:
+        stats.update({k: v for k, v in post[1].items() if k.startswith(f"{ACTION_KEY}.")})
+    return Normalization(modes=dict(pre[0].get("norm_map", {})), stats=stats, eps=float(pre[0].get("eps", 1e-8)))
+
+
+def _processor_step(folder: str, file: str, registry_name: str):
+    """(config, statistics) of one step of a saved LeRobot processor pipeline, or None."""
     from safetensors.torch import load_file
 
-    path = os.path.join(folder, PREPROCESSOR_FILE)
+    path = os.path.join(folder, file)
     if not os.path.isfile(path):
         return None
     with open(path) as f:
         steps = json.load(f).get("steps", [])
-    step = next((s for s in steps if s.get("registry_name") == "normalizer_processor"), None)
+    step = next((s for s in steps if s.get("registry_name") == registry_name), None)
     if step is None:
         return None
-    config = step.get("config", {})
     state_file = os.path.join(folder, step.get("state_file", ""))
     if not os.path.isfile(state_file):
         raise FileNotFoundError(f"{path} names the statistics file {state_file}, which is missing")
-    return Normalization(modes=dict(config.get("norm_map", {})), stats=load_file(state_file),
-                         eps=float(config.get("eps", 1e-8)))
+    return step.get("config", {}), load_file(state_file)
 
 
 def normalization_from_config(stats: Mapping[str, Sequence[float]], modes: Mapping[str, str]) -> Normalization:

@@ -66,3 +66,47 @@ def test_prompts_end_with_a_newline_and_are_right_padded():
     assert ids.tolist() == [[2, 7, 5, 6, 7, 108], [2, 5, 108, 0, 0, 0]]
     assert mask.tolist() == [[True] * 6, [True] * 3 + [False] * 3]
     assert pad_to(torch.ones(2, 3), 5).tolist() == [[1, 1, 1, 0, 0]] * 2
+
+
+def test_tiny_checkpoints_have_lerobots_processor_files_and_actions_use_the_postprocessor(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from models.pi0.tiny import make_tiny_pi0
+
+    folder = make_tiny_pi0(str(tmp_path / "tiny"), state_dim=9, action_dim=7)
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):  # same steps, same statistics files
+        ours, lerobot = (json.load(open(os.path.join(f, name))) for f in (folder, FOLDER))
+        assert [s["registry_name"] for s in ours["steps"]] == [s["registry_name"] for s in lerobot["steps"]]
+        assert [s.get("state_file") for s in ours["steps"]] == [s.get("state_file") for s in lerobot["steps"]]
+    post = os.path.join(folder, "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
+    stats = load_file(post)
+    stats["action.mean"] = torch.full((7,), 0.25)  # the un-normaliser's own action statistics
+    save_file(stats, post)
+    normalization = read_normalization(folder)
+    assert torch.equal(normalization.stats["action.mean"], torch.full((7,), 0.25))
+    assert torch.equal(normalization.stats["observation.state.mean"], torch.zeros(9))  # from the normaliser
+
+
+def test_statistics_of_another_size_or_missing_ones_are_refused_at_build(tmp_path):
+    from embodied_async.contracts import EnvSpec
+    from models.pi0.configuration_policy import Pi0PolicyConfig
+    from models.pi0.policy_pi0 import build_pi0_policy
+
+    spec = EnvSpec(obs_shapes={"states": (8,), "main_images": (32, 32, 3)},
+                   obs_dtypes={"states": "float32", "main_images": "uint8"}, action_dim=7, num_action_chunks=5)
+    base = dict(path=str(tmp_path / "tiny"), tiny_random_init=True, tokenizer="words")
+    build_pi0_policy(Pi0PolicyConfig(**base), spec)  # its own statistics fit
+    wrong = {"observation.state.mean": [0.0] * 9, "observation.state.std": [1.0] * 9,
+             "action.mean": [0.0] * 7, "action.std": [1.0] * 7}
+    with pytest.raises(ValueError, match=r"observation.state.\* \(model.normalization_stats\) have 9 values .* has 8"):
+        build_pi0_policy(Pi0PolicyConfig(normalization_stats=wrong, **base), spec)
+    no_actions = {k: v for k, v in wrong.items() if k.startswith("observation")}
+    no_actions.update({"observation.state.mean": [0.0] * 8, "observation.state.std": [1.0] * 8})
+    with pytest.raises(ValueError, match=r"action.mean.*normalization_stats"):
+        build_pi0_policy(Pi0PolicyConfig(normalization_stats=no_actions, **base), spec)
+    long_state = EnvSpec(obs_shapes={"states": (40,), "main_images": (32, 32, 3)},
+                         obs_dtypes={"states": "float32", "main_images": "uint8"}, action_dim=7, num_action_chunks=5)
+    with pytest.raises(ValueError, match="40 values, more than the 32"):
+        build_pi0_policy(Pi0PolicyConfig(**base), long_state)
