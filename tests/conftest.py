@@ -63,6 +63,32 @@ def fresh_ray_per_module():
         ray.shutdown()
 
 
+# What every recipe's training records carry (each update's record; eval/* come with evaluations):
+# the metrics DESIGN.md names and the graph's own (channels, rollout store, throughput).
+EVERY_RECIPE_METRICS = [
+    "train/actor/policy_loss", "train/actor/proximal_approx_kl", "train/actor/behav_approx_kl",
+    "train/actor/clip_fraction", "train/actor/dual_clip_fraction", "train/actor/behav_clip_fraction",
+    "train/actor/average_version", "train/actor/current_version", "train/actor/entropy", "train/actor/grad_norm",
+    "train/actor/ratio_mean", "train/actor/staleness", "train/actor/num_samples", "train/actor/epochs",
+    "train/actor/nonfinite_skipped", "train/actor/optimizer_steps", "train/actor/published_bytes",
+    "train/critic/value_loss", "train/critic/explained_variance", "train/critic/value_clip_fraction",
+    "train/rollout_store/held_trajectories", "train/rollout_store/dropped_trajectories",
+    "train/rollout_store/max_lag", "train/rollout_store/waited_for_fresh", "train/rollout_store/trajectories_lag_0",
+    "time/env", "time/rollout", "time/actor_training", "time/actor_data_wait", "throughput/env_steps_per_s",
+    "env/success_rate", "env/episode_return", "env/episode_len", "env/episodes", "env/env_steps",
+    "env/nonfinite_dropped", "channel/env_outputs_qsize", "channel/actions_qsize", "channel/trajectories_qsize",
+    "channel/weights_qsize", "step", "env_steps", "wall_time_s",
+]
+
+
+def assert_logs_every_recipe_metric(record) -> None:
+    missing = [k for k in EVERY_RECIPE_METRICS if k not in record]
+    assert not missing, f"not logged: {missing}"
+    for key in EVERY_RECIPE_METRICS:
+        value = record[key]
+        assert value is None or value == value, f"{key} is NaN"  # None: no episode ended in the window
+
+
 def run_recipe(config_name: str, log_path, *overrides: str, timeout: int = 600):
     """Run ``train_async.py`` on a recipe in a subprocess -> (completed process, metrics records)."""
     import json

@@ -8,19 +8,9 @@ import pytest
 import torch
 
 import fake_envs  # noqa: F401  (registers the test envs)
+from conftest import assert_logs_every_recipe_metric
 from embodied_async.runner import Runner
 from embodied_async.scheduler.worker_group import WorkerFailed
-
-# Every metric DESIGN.md names (eval/success_rate is checked separately).
-DESIGN_METRICS = [
-    "train/actor/policy_loss", "train/actor/proximal_approx_kl", "train/actor/behav_approx_kl",
-    "train/actor/clip_fraction", "train/actor/dual_clip_fraction", "train/actor/behav_clip_fraction",
-    "train/actor/average_version", "train/actor/current_version", "train/actor/entropy",
-    "train/actor/grad_norm", "train/critic/value_loss", "train/critic/explained_variance",
-    "time/env", "time/rollout", "time/actor_training", "throughput/env_steps_per_s",
-    "env/success_rate", "env/episode_return", "env/episode_len",
-]
-
 
 def read_records(cfg):
     with open(os.path.join(cfg.runner.logger.log_path, "metrics.jsonl")) as f:
@@ -39,8 +29,7 @@ def test_two_async_updates_through_ray_then_resume(make_config):
     records = train_records(read_records(cfg))
     assert [r["step"] for r in records] == [1, 2]
     assert [r["train/actor/current_version"] for r in records] == [0.0, 1.0]
-    for name in DESIGN_METRICS + ["step", "env_steps", "wall_time_s"]:
-        assert name in records[-1], name
+    assert_logs_every_recipe_metric(records[-1])
     assert any("eval/success_rate" in r for r in read_records(cfg))
     assert records[-1]["env_steps"] >= 2 * 4 * 8  # two rollout batches were stepped
     checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_2")

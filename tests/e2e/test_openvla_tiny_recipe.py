@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import run_recipe
+from conftest import assert_logs_every_recipe_metric, run_recipe
 
 
 @pytest.mark.slow
@@ -15,6 +15,7 @@ def test_tiny_openvla_recipe_runs_two_async_updates(tmp_path):
     assert os.path.isfile(log_path / "tiny_openvla" / "model.safetensors")
     assert [r["train/actor/current_version"] for r in records] == [0.0, 1.0]
     assert "eval/success_rate" in records[-1]
+    assert_logs_every_recipe_metric(records[-1])  # every metric the other recipes log
     # the rollout swapped in weights the actor published (adapters + value head only under LoRA);
     # it needs version 1 before it may collect the third batch, i.e. before update 2 can end
     assert records[-1]["eval/version"] >= 1.0

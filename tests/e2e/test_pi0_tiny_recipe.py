@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import run_recipe
+from conftest import assert_logs_every_recipe_metric, run_recipe
 
 
 @pytest.mark.slow
@@ -16,6 +16,7 @@ def test_tiny_pi0_recipe_runs_two_async_updates(tmp_path):
         os.listdir(log_path / "tiny_pi0"))
     assert [r["train/actor/current_version"] for r in records] == [0.0, 1.0]
     last = records[-1]
+    assert_logs_every_recipe_metric(records[-1])  # every metric the other recipes log
     assert "eval/success_rate" in last and last["eval/version"] >= 1.0
     for key in ("train/actor/policy_loss", "train/critic/value_loss", "train/actor/behav_approx_kl",
                 "train/actor/grad_norm"):
