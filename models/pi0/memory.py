@@ -54,7 +54,8 @@ def estimate(model_cfg, workload) -> Dict[str, Dict[str, float]]:
     counts = _counts(model_cfg, arch)
     compute = 2 if model_cfg.precision == "bfloat16" else 4
     vlm, expert, vision = arch.vlm, arch.expert, arch.vision
-    cameras = len(arch.cameras)  # absent cameras still run through SigLIP (their tokens are masked)
+    # cameras the env fills (model.camera_keys, at most the checkpoint's); absent ones are left out
+    cameras = min(len(model_cfg.camera_keys), len(arch.cameras))
     prefix = cameras * vision.num_patches + arch.tokenizer_max_length
     suffix = arch.chunk_size + SUFFIX_TOKENS_EXTRA
     kv = lambda batch: batch * prefix * vlm.depth * 2 * vlm.num_kv_heads * vlm.head_dim * compute  # noqa: E731

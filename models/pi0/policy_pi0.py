@@ -39,7 +39,7 @@ class Pi0Policy(nn.Module):
         tokenize: text -> token ids with BOS (the checkpoint's PaliGemma tokenizer, or a stand-in).
         settings: the chain's method, steps, executed actions and real action dims.
         camera_keys: observation keys filling the model's cameras in order (``main_images``,
-            ``wrist_images``); cameras without a key are masked, as LeRobot does for absent ones.
+            ``wrist_images``); cameras without a key are left out (LeRobot masks them: the same outputs).
         lora_rank / lora_alpha / lora_targets / lora_parts: peft LoRA on "paligemma", "expert" or
             both; every other weight of the model is then frozen. 0: the whole model trains.
         pad_after_scaling: images padded like openpi (-1) instead of LeRobot (-3).
@@ -112,13 +112,13 @@ class Pi0Policy(nn.Module):
         arch = self.model.arch
         batch = inputs["state"].shape[0]
         height, width = arch.image_size
+        # LeRobot feeds an absent camera as a blank image whose tokens are all masked. Masked tokens
+        # neither advance the position ids nor receive attention, so leaving the camera out gives
+        # the same outputs without running SigLIP and the language model over its 256 tokens.
         images, masks = [], []
         for i in range(len(arch.cameras)):
             frames = inputs.get(f"camera_{i}")
-            if frames is None:  # no such camera here: masked, as LeRobot treats an absent camera
-                images.append(torch.full((batch, 3, height, width), -1.0, device=self.device))
-                masks.append(torch.zeros(batch, dtype=torch.bool, device=self.device))
-            else:
+            if frames is not None:
                 images.append(camera_images(frames, height, width, self.pad_after_scaling, self.device))
                 masks.append(torch.ones(batch, dtype=torch.bool, device=self.device))
         dtype = self.model.action_out_proj.weight.dtype

@@ -101,3 +101,29 @@ def test_config_refuses_what_cannot_train(tmp_path):
     bad_lora.lora.dropout = 0.1
     with pytest.raises(ConfigError, match="dropout"):
         bad_lora.check()
+
+
+def test_an_absent_camera_left_out_gives_what_lerobots_masked_blank_image_gives():
+    from models.pi0.processing_pi0 import camera_images
+
+    policy = make_policy("flow_sde")  # the fixture has 3 cameras; the env gives 2: the third is absent
+    model = policy.model
+    with torch.no_grad():
+        inputs = policy.observation_inputs(observations())
+        (cache, pad), hidden = policy._prefix(inputs)
+        batch = inputs["state"].shape[0]
+        blank = torch.full((batch, 3, 224, 224), -1.0)
+        images = [camera_images(inputs["camera_0"], 224, 224), camera_images(inputs["camera_1"], 224, 224), blank]
+        masks = [torch.ones(batch, dtype=torch.bool)] * 2 + [torch.zeros(batch, dtype=torch.bool)]
+        ref_cache, ref_hidden = model.run_prefix(*model.embed_prefix(images, masks, inputs["tokens"],
+                                                                     inputs["token_mask"]))
+        ref_pad = torch.cat([m[:, None].expand(batch, 256) for m in masks] + [inputs["token_mask"]], dim=1)
+        x_t, time = torch.randn(batch, 50, 32, generator=torch.Generator().manual_seed(3)), torch.full((batch,), 0.6)
+        velocity = model.run_suffix(cache, pad, inputs["state"], x_t, time)[0]
+        reference = model.run_suffix(ref_cache, ref_pad, inputs["state"], x_t, time)[0]
+    assert pad.shape[1] == ref_pad.shape[1] - 256  # the blank camera's tokens were never computed
+    scale = reference.abs().max()
+    assert (velocity - reference).abs().max() <= 1e-5 * scale
+    # the valid tokens' hidden states (what the prefix value head averages); masked rows attend to nothing
+    kept = torch.cat([ref_hidden[:, :512], ref_hidden[:, 768:]], dim=1)[pad]
+    torch.testing.assert_close(hidden[pad], kept, atol=1e-5 * float(kept.abs().max()), rtol=0)
