@@ -50,6 +50,21 @@ class MetricLogger:
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     self._writer.add_scalar(key, value, step)
 
+    def log_videos(self, videos, step: int, fps: int = 10) -> None:
+        """Evaluation episodes as animated images in TensorBoard's Images tab (what its
+        ``add_video`` makes, without the moviepy dependency it needs for that)."""
+        if self._writer is None:
+            return
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        for index, video in enumerate(videos):
+            height, width = video.frames.shape[1:3]
+            image = Summary.Image(height=height, width=width, colorspace=3,
+                                  encoded_image_string=animated_gif(video.frames, fps))
+            tag = f"eval_video/{video.file_stem(index)}"
+            self._writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+        self._writer.flush()
+
     def close(self) -> None:
         self._file.close()
         if self._writer is not None:
@@ -69,3 +84,15 @@ def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[
 
 def print_progress(line: str) -> None:
     print(line, file=sys.stdout, flush=True)
+
+
+def animated_gif(frames, fps: int) -> bytes:
+    """uint8 frames ``[T, H, W, 3]`` -> the bytes of a looping GIF."""
+    import io
+
+    from PIL import Image
+
+    images = [Image.fromarray(frame) for frame in frames]
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return buffer.getvalue()

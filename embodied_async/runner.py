@@ -22,6 +22,7 @@ from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.checkpoint_io import CheckpointError, assert_no_pickle, verify_checkpoint, write_manifest
 from embodied_async.config import Topology, TrainConfig, resolve_topology
 from embodied_async.contracts import EnvSpec
+from embodied_async.evaluation import write_videos
 from embodied_async.metrics import MetricLogger, pool_env_metrics, print_progress, progress_line
 from embodied_async.scheduler.channel import GraphChannels
 from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerGroup, init_ray, wait_all
@@ -180,6 +181,8 @@ class Runner:
         self.loops: List[Pending] = []
         self.in_flight: List[Pending] = []
         self.eval_in_flight: Optional[Pending] = None
+        self.eval_launched_at = 0  # the step an evaluation in flight was launched at (its videos' folder)
+        self.videos_to_log: list = []  # an evaluation's videos, for TensorBoard with the next record
         self.last_eval: Optional[float] = None
         self.totals: Dict[str, float] = {}
         # a resumed run's own checkpoint is already on disk: never rewrite it for nothing
@@ -211,6 +214,7 @@ class Runner:
 
     def _launch_eval(self) -> None:
         if self.eval_in_flight is None:
+            self.eval_launched_at = self.state["step"]
             self.eval_in_flight = self.graph.rollout.call_rank(
                 0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
 
@@ -220,6 +224,12 @@ class Runner:
             return
         result = wait_all([self.eval_in_flight], watch=self.loops, timeout=600 if wait else None)[0]
         self.eval_in_flight = None
+        videos = result.pop("videos", [])
+        if videos:
+            folder = os.path.join(self.log_path, "videos", f"step_{self.eval_launched_at}")
+            write_videos(videos, folder, self.cfg.runner.eval_video_fps)
+            print(f"[runner] {len(videos)} evaluation videos written to {folder}", flush=True)
+            self.videos_to_log = videos
         record.update(result)
         self.last_eval = result["eval/success_rate"]
 
@@ -267,6 +277,9 @@ class Runner:
                 self._take_eval(record, wait=True)
                 print(f"[runner] final eval at step {step}: success rate {self.last_eval:.3f}", flush=True)
             logger.log(record)
+            if self.videos_to_log:
+                logger.log_videos(self.videos_to_log, step, cfg.runner.eval_video_fps)
+                self.videos_to_log = []
             print_progress(progress_line(record, cfg.runner.max_steps, self.last_eval))
             if last:
                 break

@@ -60,12 +60,24 @@ class EnvConfig:
     # dropped from the loss, counted in env/nonfinite_dropped and the sub-env reset (a finite but
     # absurd value would otherwise skew the observation statistics of the whole run)
     max_abs_value: float = 1.0e6
+    # observations carry "video_frames" [B, H, W, 3] uint8 of video_size (final_obs: each episode's
+    # last frame); the evaluation turns it on for its own env when runner.eval_video is true
+    render_video: bool = False
+    video_size: List[int] = field(default_factory=lambda: [256, 256])  # [height, width]
 
     builder: ClassVar[str] = ""  # "module:callable"
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).
         Called after the framework's checks; may import the simulator."""
+
+    def check_video(self) -> None:
+        """Start-up check for ``runner.eval_video``: raise ``ConfigError`` when this config cannot
+        render videos (``render_video``). Families that can override it."""
+        from embodied_async.config.checks import ConfigError
+
+        raise ConfigError(f"runner.eval_video=true, but the '{self.name}' env family cannot render videos; set "
+                          "runner.eval_video=false")
 
     def memory_estimate(self, workload) -> Optional[Dict[str, float]]:
         """GPU bytes per item of one env process (``runner.dry_run``; ``workload``:
@@ -191,6 +203,11 @@ class RunnerConfig:
     val_check_interval: int = 10  # evaluate every N steps (0 disables)
     eval_episodes: int = 32
     eval_num_envs: int = 8
+    # write evaluation episodes as mp4 (+ a JSON of instruction, success and step rewards) under
+    # <log_path>/videos/step_<N>/ and to TensorBoard: the first episode of this many eval sub-envs
+    eval_video: bool = False
+    eval_video_episodes: int = 4
+    eval_video_fps: int = 10
     save_interval: int = 50  # checkpoint every N steps (0: only on exit)
     # how many checkpoints stay on disk (the oldest go first); None keeps them all
     keep_checkpoints: Optional[int] = None

@@ -209,6 +209,18 @@ def _check_batches(cfg: TrainConfig, world: int) -> None:
     require(cfg.runner.eval_episodes % cfg.runner.eval_num_envs == 0,
             f"runner.eval_episodes={cfg.runner.eval_episodes} must be a multiple of "
             f"runner.eval_num_envs={cfg.runner.eval_num_envs}; round it to a multiple")
+    _check_video(cfg)
+
+
+def _check_video(cfg: TrainConfig) -> None:
+    size = list(cfg.env.video_size)
+    require(len(size) == 2 and all(int(v) > 0 for v in size),
+            f"env.video_size={size} must be [height, width] with two positive integers; use e.g. [256, 256]")
+    if not cfg.runner.eval_video:
+        return
+    cfg.env.check_video()
+    positive(cfg.runner.eval_video_episodes, "runner.eval_video_episodes")
+    positive(cfg.runner.eval_video_fps, "runner.eval_video_fps")
 
 
 def _check_resume_dir(path: str) -> None:

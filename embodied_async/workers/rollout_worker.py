@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -12,6 +12,7 @@ import torch
 
 from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.data import ActionMessage, EnvOutput, StepRecord, Trajectory, WeightMessage, slice_observation
+from embodied_async.evaluation import run_episodes
 from embodied_async.normalization import pop_observation_moments
 from embodied_async.registry import build_env, build_policy
 from embodied_async.scheduler.channel import ChannelClosed
@@ -238,7 +239,10 @@ class RolloutWorker:
     def evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:
         """Deterministic actions on this worker's own eval envs; every sub-env runs the same count."""
         if self._eval_env is None:
-            self._eval_env = build_env(self.cfg.env, num_envs, 10_000_019 + self.cfg.runner.seed)
+            env_cfg = self.cfg.env
+            if self.cfg.runner.eval_video:
+                env_cfg = replace(env_cfg, render_video=True)
+            self._eval_env = build_env(env_cfg, num_envs, 10_000_019 + self.cfg.runner.seed)
         with self._policy_lock:  # evaluate one version even if new weights arrive meanwhile
             size = sum(p.numel() * p.element_size() for p in self.policy.parameters())
             shared = size > EVAL_COPY_MAX_BYTES
@@ -250,24 +254,13 @@ class RolloutWorker:
             with self._policy_lock:
                 self._hold_weights = False
 
-    def _run_evaluation(self, policy, version: int, num_episodes: int, num_envs: int) -> Dict[str, float]:
-        env, per_env = self._eval_env, num_episodes // num_envs
-        counts, returns, successes = np.zeros(num_envs, int), np.zeros(num_envs), []
-        episode_returns = []
-        out = env.reset()
-        while counts.min() < per_env:
-            actions = policy.predict(out.obs, mode="eval").actions.float().cpu().numpy()
-            out = env.step(actions)
-            returns += np.where(np.isfinite(out.rewards), out.rewards, 0.0)
-            for i in np.flatnonzero(out.dones):
-                if counts[i] < per_env:
-                    successes.append(bool(out.successes[i]))
-                    episode_returns.append(returns[i])
-                    counts[i] += 1
-                returns[i] = 0.0
-        success_rate = float(np.mean(successes)) if self.reports_success else float("nan")
-        return {"eval/success_rate": success_rate, "eval/episode_return": float(np.mean(episode_returns)),
-                "eval/version": float(version)}
+    def _run_evaluation(self, policy, version: int, num_episodes: int, num_envs: int) -> Dict[str, object]:
+        runner = self.cfg.runner
+        result = run_episodes(policy, self._eval_env, num_episodes, runner.eval_video_episodes if runner.eval_video else 0)
+        summary = result.summary(self.reports_success)
+        return {"eval/success_rate": summary["success_rate"], "eval/episode_return": summary["episode_return"],
+                "eval/episode_len": summary["episode_length"], "eval/version": float(version),
+                "videos": result.videos}
 
     def close(self) -> None:
         self.stop()

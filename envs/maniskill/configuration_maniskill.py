@@ -58,6 +58,12 @@ class ManiSkillConfig(EnvConfig):
             REWARDS[self.reward](1, dict(self.reward_weights))  # unknown weight names fail here
         self._check_task()  # last: it imports ManiSkill (seconds)
 
+    def check_video(self) -> None:
+        # the GPU vector env resets finished sub-envs inside its step: their last frame is gone
+        require(self.sim_backend == "cpu", "runner.eval_video=true needs env.sim_backend=cpu for ManiSkill (the GPU "
+                                           "vector env resets finished sub-envs before their last frame can be "
+                                           "rendered); set runner.eval_video=false or env.sim_backend=cpu")
+
     def memory_estimate(self, workload):
         """GPU simulation: PhysX buffers and the renderer per process, and the camera targets per
         sub-env (RGBA, depth, segmentation at 4 bytes each). Assumed, not measured here."""

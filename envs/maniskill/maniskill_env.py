@@ -25,6 +25,7 @@ import numpy as np
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations
+from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
 from .rewards import REWARDS
@@ -240,6 +241,12 @@ class ManiSkillEnv:
             kwargs["control_mode"] = env_cfg.control_mode
         if env_cfg.max_episode_steps:
             kwargs["max_episode_steps"] = int(env_cfg.max_episode_steps)
+        if env_cfg.render_video:
+            if self.backend != "cpu":
+                raise ValueError("render_video needs sim_backend='cpu' (the GPU vector env resets finished sub-envs "
+                                 "before their last frame can be rendered)")
+            height, width = (int(v) for v in env_cfg.video_size)
+            kwargs["human_render_camera_configs"] = dict(width=width, height=height)
         if self.obs_mode != "state":
             height, width = (int(v) for v in env_cfg.image_size)
             sensors = dict(width=width, height=height)
@@ -285,7 +292,7 @@ class ManiSkillEnv:
             self._rows = []
             for i, env in enumerate(self._envs):
                 raw, _ = env.reset(seed=None if seed is None else int(seed) + i)
-                self._rows.append(self._normalise(raw, 1))
+                self._rows.append(self._row(i, raw))
         if self._reward is not None:
             self._reward.reset(range(self.num_envs))
         rewards, dones, bootstrap, successes, _ = self._blank()
@@ -330,7 +337,7 @@ class ManiSkillEnv:
             else:
                 for i in indices:
                     raw, _ = self._envs[i].reset()
-                    self._rows[i] = self._normalise(raw, 1)
+                    self._rows[i] = self._row(i, raw)
         return self._current_obs()
 
     def close(self) -> None:
@@ -363,11 +370,11 @@ class ManiSkillEnv:
                         self._reward.reset([i])
                     failed = _flag(info, "fail", 1)[0]
                     bootstrap[i] = bootstrap_flags(term, trunc, self.terminal_on_success, failed)
-                    finals[i] = self._normalise(raw, 1)
+                    finals[i] = self._row(i, raw)  # rendered before the reset: the episode's last frame
                     raw, _ = env.reset()
                     # The rest of the chunk was planned for the finished episode: drop it.
                     break
-            self._rows[i] = self._normalise(raw, 1)
+            self._rows[i] = self._row(i, raw)
         return rewards, dones, bootstrap, successes, finals
 
     def _step_gpu(self, actions: np.ndarray):
@@ -431,6 +438,14 @@ class ManiSkillEnv:
         obs = dict(self._obs) if self._vec is not None else concat_observations(self._rows)
         obs["task_descriptions"] = [self.instruction] * self.num_envs
         return obs
+
+    def _row(self, i: int, raw) -> Observation:
+        """Sub-env ``i``'s observation (CPU backend), with its video frame when rendering videos."""
+        row = self._normalise(raw, 1)
+        if self.cfg.render_video:
+            frame = _to_numpy(self._envs[i].unwrapped.render_rgb_array())
+            row[VIDEO_KEY] = frame.reshape(1, *frame.shape[-3:])[..., :3].astype(np.uint8)
+        return row
 
     def _normalise(self, raw, batch: int) -> Observation:
         """ManiSkill's raw obs -> ``states`` float32 [b, D] (+ uint8 images in rgb mode)."""

@@ -29,3 +29,6 @@ class SyntheticImageConfig(EnvConfig):
                 f"env.image_size={image_size} must be [height, width], each >= 16; use e.g. [480, 640]")
         bound(self.action_dim, "env.action_dim", lambda v: v >= 1, "must be >= 1", "use e.g. 7")
         bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 80")
+
+    def check_video(self) -> None:
+        """Videos show the camera's frames."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import EnvOutput, bootstrap_flags
+from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_synthetic import SyntheticImageConfig
 
@@ -54,8 +55,14 @@ class SyntheticImageEnv:
         for i, (target, cursor) in enumerate(zip(self._column(self.targets), self._column(self.cursors))):
             frames[i, middle - 3 * half:middle - half, max(0, target - half):target + half] = (255, 220, 0)
             frames[i, middle + half:middle + 3 * half, max(0, cursor - half):cursor + half] = (0, 120, 255)
-        return {"main_images": frames, "states": self.cursors[:, None].copy(),
-                "task_descriptions": [self.cfg.instruction] * self.num_envs}
+        obs = {"main_images": frames, "states": self.cursors[:, None].copy(),
+               "task_descriptions": [self.cfg.instruction] * self.num_envs}
+        if self.cfg.render_video:  # the camera's frames at the video size (nearest pixel)
+            height, width = (int(v) for v in self.cfg.video_size)
+            rows = np.arange(height) * self.height // height
+            cols = np.arange(width) * self.width // width
+            obs[VIDEO_KEY] = frames[:, rows][:, :, cols]
+        return obs
 
     def reset(self, seed: Optional[int] = None) -> EnvOutput:
         if seed is not None:

@@ -103,6 +103,11 @@ BAD = [
     ("runner.max_env_steps=0", "runner.max_env_steps=0", "(or null to stop at runner.max_steps only)"),
     ("runner.resume_dir=/no/such/folder", "runner.resume_dir='/no/such/folder' is not a folder", CHECKPOINT_HINT),
     ("runner.resume_dir={tmp}", "is a folder but not a checkpoint (it holds no runner.json)", CHECKPOINT_HINT),
+    # evaluation videos
+    (("runner.eval_video=true", "env.sim_backend=gpu"), "runner.eval_video=true needs env.sim_backend=cpu",
+     "set runner.eval_video=false or env.sim_backend=cpu"),
+    (("runner.eval_video=true", "runner.eval_video_episodes=0"), "runner.eval_video_episodes=0", "set it to 1 or more"),
+    ("env.video_size=[256]", "env.video_size=[256]", "use e.g. [256, 256]"),
 ]
 
 
