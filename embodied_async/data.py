@@ -45,6 +45,19 @@ def concat_observations(parts: List[Observation]) -> Observation:
     return out
 
 
+def final_observations(obs: Observation, finals: Dict[int, Observation]) -> Optional[Observation]:
+    """``EnvOutput.final_obs`` from the current observation and the last observations (batches of
+    one) of the sub-envs that finished: the others' rows repeat ``obs``; None when none finished."""
+    if not finals:
+        return None
+    final_obs = {k: (list(v) if isinstance(v, list) else v.copy()) for k, v in obs.items()}
+    for i, row in finals.items():
+        for key, value in row.items():
+            if key != "task_descriptions":
+                final_obs[key][i] = value[0]
+    return final_obs
+
+
 def bootstrap_flags(terminated, truncated, terminal_on_success: bool, failed=None) -> np.ndarray:
     """Which finished sub-envs bootstrap their value from the final observation (every env family
     uses this one rule):

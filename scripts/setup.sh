@@ -17,9 +17,10 @@ REPO_ROOT=$(pwd)
 
 log() { printf '[setup] %s\n' "$*"; }
 
-# ManiSkill's CPU renderer needs lavapipe from Mesa >= 24.3.
+# ManiSkill's CPU renderer needs lavapipe from Mesa >= 24.3; MuJoCo renders through EGL onto
+# Mesa's software rasteriser (libgl1-mesa-dri).
 MESA_MIN_VERSION=24.3
-SYSTEM_PACKAGES=(mesa-vulkan-drivers libvulkan1 libegl1 libgl1 libegl-mesa0 libgles2)
+SYSTEM_PACKAGES=(mesa-vulkan-drivers libvulkan1 libegl1 libgl1 libegl-mesa0 libgles2 libgl1-mesa-dri)
 # SAPIEN renders through Vulkan: the loader is a system package, the NVIDIA ICD comes with the driver
 NVIDIA_PACKAGES=(libvulkan1 libegl1 libgl1)
 STAMP=.venv/.embodied_async_installed

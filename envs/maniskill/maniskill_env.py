@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.contracts import EnvSpec
-from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations
+from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations, final_observations
 from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
@@ -311,14 +311,7 @@ class ManiSkillEnv:
         step = self._step_gpu if self._vec is not None else self._step_cpu
         rewards, dones, bootstrap, successes, finals = step(actions)
         obs = self._current_obs()
-        final_obs = None
-        if finals:
-            # Rows that did not finish repeat the current obs, as EnvOutput documents.
-            final_obs = {k: (list(v) if isinstance(v, list) else v.copy()) for k, v in obs.items()}
-            for i, row in finals.items():
-                for key, value in row.items():
-                    if key != "task_descriptions":
-                        final_obs[key][i] = value[0]
+        final_obs = final_observations(obs, finals)
         valid = np.ones(self.num_envs, dtype=bool)  # non-finite values are the env worker's job
         return EnvOutput(obs, rewards, dones, bootstrap, successes, valid, final_obs=final_obs)
 

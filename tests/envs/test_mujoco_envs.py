@@ -1,0 +1,154 @@
+"""The MuJoCo families (robosuite, Meta-World, Fetch): every shipped env YAML builds and steps,
+renders images that are not one colour, has an instruction; names are checked at start-up; the
+installed simulator packages are within the pinned ranges."""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO_ROOT
+from embodied_async.config import ConfigError
+
+MUJOCO_FAMILIES = ("robosuite", "metaworld", "fetch")
+
+
+def shipped_env_yamls():
+    found = []
+    for path in sorted(glob.glob(os.path.join(REPO_ROOT, "configs", "env", "*.yaml"))):
+        with open(path) as f:
+            defaults = yaml.safe_load(f).get("defaults", [])
+        family = next((d[: -len("_schema")] for d in defaults if isinstance(d, str) and d.endswith("_schema")), None)
+        if family in MUJOCO_FAMILIES:
+            found.append(os.path.basename(path)[:-5])
+    return found
+
+
+def env_config(name, *overrides):
+    """configs/env/<name>.yaml composed through Hydra into its family's config."""
+    from hydra import compose, initialize_config_dir
+
+    from embodied_async.config.hydra_schema import register_schema
+    from embodied_async.config.validate import to_train_config
+
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        raw = compose(config_name="maniskill_async_ppo_mlp",
+                      overrides=[f"env={name}", "runner.logger.log_path=/tmp/unused", *overrides])
+    return to_train_config(raw).env
+
+
+def build(cfg, num_envs=2, seed=0):
+    from envs.mujoco.mujoco_env import MujocoEnv
+
+    return MujocoEnv(cfg, num_envs, seed=seed)
+
+
+def test_the_installed_simulators_are_within_the_pinned_ranges():
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        requirements = [Requirement(r) for r in tomllib.load(f)["project"]["dependencies"]]
+    pinned = {r.name: r.specifier for r in requirements}
+    for package in ("mujoco", "robosuite", "metaworld", "gymnasium-robotics"):
+        assert version(package) in pinned[package], f"{package} {version(package)} is outside {pinned[package]}"
+    assert version("mujoco") not in pinned["mujoco"].__class__(">=3.10")  # the joint-type break
+
+
+def test_every_mujoco_family_ships_a_yaml():
+    names = shipped_env_yamls()
+    assert {env_config(n).name for n in names} == set(MUJOCO_FAMILIES), names
+
+
+@pytest.mark.parametrize("name", shipped_env_yamls())
+def test_every_shipped_yaml_builds_steps_and_renders(name):
+    cfg = env_config(name, "env.obs_mode=rgb", "env.image_size=[64,64]", "env.num_envs=2")
+    env = build(cfg)
+    try:
+        assert env.instruction.strip() and env.spec.instruction == env.instruction
+        rng = np.random.default_rng(0)
+        low, high = np.array(env.spec.action_low), np.array(env.spec.action_high)
+        for _ in range(5):
+            out = env.step(rng.uniform(low, high, (2, 1, len(low))).astype(np.float32))
+        assert np.isfinite(out.rewards).all() and np.isfinite(out.obs["states"]).all()
+        assert out.obs["task_descriptions"] == [env.instruction] * 2
+        images = out.obs["main_images"]
+        assert images.shape == (2, 64, 64, 3) and images.dtype == np.uint8
+        for image in images:
+            assert len(np.unique(image.reshape(-1, 3), axis=0)) > 20, "one colour"
+        if "wrist_images" in out.obs:  # a second camera: its own picture
+            assert np.abs(out.obs["wrist_images"].astype(int) - images).mean() > 10
+    finally:
+        env.close()
+
+
+def test_state_observations_hold_the_task_state_and_episodes_end_at_the_time_limit():
+    cfg = env_config("metaworld_reach", "env.max_episode_steps=3")
+    env = build(cfg)
+    try:
+        first = env.reset(seed=5).obs["states"]
+        assert first.shape == (2, 39) and not np.allclose(first[0, -3:], first[1, -3:])  # own goals
+        assert np.array_equal(env.reset(seed=5).obs["states"], first)  # seeded
+        zero = np.zeros((2, 1, 4), np.float32)
+        outs = [env.step(zero) for _ in range(3)]
+        assert not outs[0].dones.any() and not outs[1].dones.any()
+        last = outs[2]
+        assert last.dones.all() and last.bootstrap.all() and last.final_obs is not None  # truncation bootstraps
+        assert not np.array_equal(last.final_obs["states"], last.obs["states"])  # the next episode began
+    finally:
+        env.close()
+
+
+def test_a_chunk_of_actions_runs_in_order_and_stops_at_the_episode_end():
+    cfg = env_config("fetch_reach", "env.obs_mode=state", "env.max_episode_steps=4", "env.num_action_chunks=3")
+    env = build(cfg)
+    try:
+        env.reset(seed=0)
+        chunk = np.zeros((2, 3, 4), np.float32)
+        assert not env.step(chunk).dones.any()  # steps 1-3
+        out = env.step(chunk)  # step 4 ends it: the chunk's last two actions are dropped
+        assert out.dones.all() and (env._steps == 0).all()
+    finally:
+        env.close()
+
+
+def test_robosuite_robot_is_chosen_by_name():
+    panda = env_config("robosuite_reach")
+    ur5e = env_config("robosuite_reach", "env.robot=UR5e")
+    states = {}
+    for cfg in (panda, ur5e):
+        env = build(cfg, num_envs=1)
+        try:
+            states[cfg.robot] = env.reset(seed=0).obs["states"]
+            assert env.spec.action_dim == 4  # OSC_POSITION: x, y, z + gripper
+        finally:
+            env.close()
+    assert states["Panda"].shape != states["UR5e"].shape  # 7 joints against 6
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.robot=Pandda", "env.robot='Pandda' is not a robosuite robot; robosuite 1.5.1 ships: Baxter"),
+    ("env.task=Lfit", "env.task='Lfit' is not a robosuite task (close: Lift)"),
+    ("env.controller=OSC", "env.controller='OSC' is not a robosuite arm controller; use one of: IK_POSE"),
+    ("env.main_camera=topcam", "camera 'topcam' (env.main_camera / env.wrist_camera) is not in robosuite task"),
+])
+def test_wrong_robosuite_names_fail_at_start_up_listing_the_valid_ones(override, message):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        env_config("robosuite_reach", override)
+
+
+@pytest.mark.parametrize("name, override, message", [
+    ("metaworld_reach", "env.task=reach-v9", "env.task='reach-v9' is not a Meta-World task (close: reach-v3"),
+    ("metaworld_reach", "env.main_camera=front", "env.main_camera='front' is not a Meta-World camera; its cameras: "),
+    ("fetch_reach", "env.task=FetchReach-v9", "env.task='FetchReach-v9' is not a Fetch task (close: "),
+    ("metaworld_reach", "env.max_episode_steps=600", "env.max_episode_steps=600 must be within 1-500"),
+])
+def test_wrong_task_and_camera_names_fail_at_start_up(name, override, message):
+    with pytest.raises(ConfigError) as err:
+        env_config(name, override)
+    assert message in str(err.value)
