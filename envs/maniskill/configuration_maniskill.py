@@ -35,6 +35,13 @@ class ManiSkillConfig(EnvConfig):
     image_size: List[int] = field(default_factory=lambda: [128, 128])  # [height, width]
     # natural-language instruction; None: the task's own, else words derived from the task id
     instruction: Optional[str] = None
+    # the robot, for tasks that accept several (the task's SUPPORTED_ROBOTS, e.g. PickCube-v1:
+    # panda, fetch, xarm6_robotiq, so100, widowxai); null: the task's default
+    robot_uids: Optional[str] = None
+    # the sensors giving main_images / wrist_images in rgb mode; null: the first camera not on the
+    # hand / the hand camera, if any
+    main_camera: Optional[str] = None
+    wrist_camera: Optional[str] = None
     # extra keyword arguments for the simulator's constructor (gym.make)
     extra_kwargs: Dict[str, Any] = field(default_factory=dict)
 
@@ -83,10 +90,10 @@ class ManiSkillConfig(EnvConfig):
         """The task exists and supports the configured modes. Missing assets are not a config
         error: the env worker reports them with the download command, and a machine that only
         validates configs need not hold them."""
-        from envs.maniskill.maniskill_env import check_task_assets, check_task_modes
+        from envs.maniskill.maniskill_env import check_task_assets, check_task_modes, check_task_robot
 
         try:
-            check_task_assets(self.task_id)
+            check_task_assets(self.task_id, self.robot_uids)
         except FileNotFoundError:
             pass
         except ValueError as err:
@@ -94,5 +101,8 @@ class ManiSkillConfig(EnvConfig):
                               "version suffix)") from None
         try:
             check_task_modes(self.task_id, self.obs_mode, self.reward_mode)
+            check_task_robot(self.task_id, self.robot_uids)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        require(self.robot_uids is None or "robot_uids" not in self.extra_kwargs,
+                "env.robot_uids and env.extra_kwargs.robot_uids are both set: keep env.robot_uids")

@@ -145,6 +145,33 @@ def check_task_modes(task_id: str, obs_mode: str, reward_mode: str) -> None:
                          f"{list(reward_modes)}. Set env.reward_mode to one of them{hint}")
 
 
+def check_task_robot(task_id: str, robot_uids: Optional[str]) -> None:
+    """``ValueError`` listing the task's robots when ``robot_uids`` is not one of them."""
+    if robot_uids is None:
+        return
+    import mani_skill.envs  # noqa: F401  (importing registers every task)
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    supported = list(getattr(REGISTERED_ENVS[task_id].cls, "SUPPORTED_ROBOTS", None) or [])
+    names = [r if isinstance(r, str) else "+".join(r) for r in supported]
+    if supported and robot_uids not in names:
+        raise ValueError(f"env.robot_uids={robot_uids!r} is not a robot of ManiSkill task '{task_id}'; it supports: "
+                         f"{', '.join(names)}")
+
+
+@contextlib.contextmanager
+def _control_mode_named(env_cfg):
+    """ManiSkill asserts on a control mode the robot lacks: say which key and which modes."""
+    try:
+        yield
+    except AssertionError as err:
+        if "not in supported modes" not in str(err):
+            raise
+        robot = env_cfg.robot_uids or "the task's default robot"
+        raise ValueError(f"env.control_mode={env_cfg.control_mode!r} is not a control mode of {robot} in ManiSkill "
+                         f"task '{env_cfg.task_id}': {err}. Set env.control_mode to one of them") from None
+
+
 @contextlib.contextmanager
 def _refuse_download_prompts(task_id: str):
     """Turn a download prompt ManiSkill still reaches (robots chosen inside a task's constructor,
@@ -221,8 +248,11 @@ class ManiSkillEnv:
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
         extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
+        if env_cfg.robot_uids is not None:
+            extra["robot_uids"] = env_cfg.robot_uids
         check_task_assets(self.task_id, extra.get("robot_uids"))
         check_task_modes(self.task_id, self.obs_mode, env_cfg.reward_mode)
+        check_task_robot(self.task_id, env_cfg.robot_uids)
         self._reward = None
         if env_cfg.reward is not None:
             self._reward = REWARDS[env_cfg.reward](self.num_envs, dict(env_cfg.reward_weights))
@@ -256,7 +286,7 @@ class ManiSkillEnv:
 
         self._envs: List[Any] = []  # CPU: one gym env per sub-env
         self._vec = None  # GPU: one ManiSkillVectorEnv
-        with _refuse_download_prompts(self.task_id):
+        with _refuse_download_prompts(self.task_id), _control_mode_named(env_cfg):
             if self.backend == "cpu":
                 for _ in range(self.num_envs):
                     self._envs.append(gym.make(self.task_id, num_envs=1, **kwargs))
@@ -453,9 +483,14 @@ class ManiSkillEnv:
             cams = [name for name, data in sensors.items() if "rgb" in data]
             if not cams:
                 raise ValueError(f"task '{self.task_id}' has no RGB camera for obs_mode {self.obs_mode!r}")
+            for key, name in (("env.main_camera", self.cfg.main_camera), ("env.wrist_camera", self.cfg.wrist_camera)):
+                if name is not None and name not in cams:
+                    raise ValueError(f"{key}={name!r} is not a camera of ManiSkill task '{self.task_id}' with this "
+                                     f"robot; its cameras: {', '.join(cams)}")
             # The main view is the first non-hand camera ("base_camera" on most tasks).
-            self._main_cam = next((n for n in cams if "hand" not in n), cams[0])
-            self._wrist_cam = next((n for n in cams if "hand" in n and n != self._main_cam), None)
+            self._main_cam = self.cfg.main_camera or next((n for n in cams if "hand" not in n), cams[0])
+            self._wrist_cam = self.cfg.wrist_camera or next(
+                (n for n in cams if "hand" in n and n != self._main_cam), None)
         cams = {"main_images": self._main_cam, "wrist_images": self._wrist_cam}
         for key, cam in cams.items():
             if cam is not None:

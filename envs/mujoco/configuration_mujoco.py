@@ -75,7 +75,8 @@ class RobosuiteConfig(MujocoConfig):
     control_freq: int = 20  # control steps per simulated second
     # MuJoCo's step in seconds; null: robosuite's 0.002. Each control step runs
     # 1 / (control_freq x sim_timestep) physics steps, each with the controller in Python, so a
-    # coarser step is faster (0.005: ~2x) where the task allows it
+    # coarser step is faster (0.005: ~2x), but grippers can go unstable under random actions
+    # (UR5e's Robotiq at 0.005 did): an unstable step ends the episode as a failure
     sim_timestep: Optional[float] = None
     reward_shaping: bool = True  # the task's dense staged reward (false: success only)
 

@@ -21,6 +21,7 @@ A family supplies ``SubEnv`` (``envs/mujoco/<family>_tasks.py``), one simulator 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -38,7 +39,9 @@ GL_HELP = ("MuJoCo could not render with MUJOCO_GL={gl} ({error}). Rendering on 
 
 
 class Renderer:
-    """Named cameras of one simulator at fixed sizes (one MuJoCo renderer per size)."""
+    """Named cameras of one simulator at fixed sizes. An EGL context is current in one thread
+    only, and Ray runs an actor's methods on other threads than its constructor: each thread
+    gets its own renderer (one per size)."""
 
     def __init__(self, model):
         # no anti-aliasing samples and small shadow maps: ~8x cheaper frames on a CPU renderer
@@ -48,24 +51,31 @@ class Renderer:
         self._renderers: Dict[tuple, object] = {}
 
     def render(self, data, camera: str, height: int, width: int, upside_down: bool = False) -> np.ndarray:
-        import mujoco
-
-        key = (height, width)
+        key = (threading.get_ident(), height, width)
         if key not in self._renderers:
-            self.model.vis.global_.offheight = max(int(self.model.vis.global_.offheight), height)
-            self.model.vis.global_.offwidth = max(int(self.model.vis.global_.offwidth), width)
-            try:
-                self._renderers[key] = mujoco.Renderer(self.model, height, width)
-            except Exception as err:  # no EGL library, no device
-                raise RuntimeError(GL_HELP.format(gl=os.environ.get("MUJOCO_GL"), error=err)) from err
+            self._renderers[key] = self._make(height, width)
         renderer = self._renderers[key]
-        renderer.update_scene(data, camera=camera)
-        image = renderer.render()
+        try:
+            renderer.update_scene(data, camera=camera)
+            image = renderer.render()
+        except Exception as err:  # EGL errors hold ctypes pointers, which cannot cross processes
+            raise RuntimeError(f"MuJoCo rendering of camera {camera!r} failed: {type(err).__name__}: {err}") from None
         return np.ascontiguousarray(image[::-1, ::-1]) if upside_down else image.copy()
 
+    def _make(self, height: int, width: int):
+        import mujoco
+
+        self.model.vis.global_.offheight = max(int(self.model.vis.global_.offheight), height)
+        self.model.vis.global_.offwidth = max(int(self.model.vis.global_.offwidth), width)
+        try:
+            return mujoco.Renderer(self.model, height, width)
+        except Exception as err:  # no EGL library, no device
+            raise RuntimeError(GL_HELP.format(gl=os.environ.get("MUJOCO_GL"), error=err)) from None
+
     def close(self) -> None:
-        for renderer in self._renderers.values():
-            renderer.close()
+        for (thread, _, _), renderer in list(self._renderers.items()):
+            if thread == threading.get_ident():  # another thread's context cannot be made current here
+                renderer.close()
         self._renderers = {}
 
 
@@ -86,6 +96,8 @@ class MujocoEnv:
         self._high = np.asarray(first.action_high, dtype=np.float32)
         self.instruction = env_cfg.instruction or first.instruction
         self._steps = np.zeros(self.num_envs, dtype=np.int64)
+        self._unstable_counts = [0] * self.num_envs
+        self._warned_unstable = False
         self._rows: List[Observation] = []
         self.spec = EnvSpec.from_observation(
             self.reset().obs, action_dim=len(self._low), num_action_chunks=int(env_cfg.num_action_chunks),
@@ -133,6 +145,8 @@ class MujocoEnv:
         for i, sub in enumerate(self._subs):
             for chunk in range(actions.shape[1]):
                 reward, success, fail = sub.step(actions[i, chunk])
+                if self._went_unstable(i):  # MuJoCo reset the state mid-episode: end it as a failure
+                    success, fail = False, True
                 rewards[i] += float(reward) * self.cfg.reward_scale
                 successes[i] = bool(success)
                 self._steps[i] += 1
@@ -149,6 +163,22 @@ class MujocoEnv:
         obs = self._current_obs()
         return EnvOutput(obs, rewards, dones, bootstrap, successes, np.ones(self.num_envs, dtype=bool),
                          final_obs=final_observations(obs, finals))
+
+    def _went_unstable(self, i: int) -> bool:
+        """Whether sub-env ``i``'s last step hit MuJoCo's bad-acceleration warning (it then resets
+        the simulation to its initial state, so the observed transition is not physics)."""
+        import mujoco
+
+        count = int(self._subs[i].mj_data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number)
+        previous, self._unstable_counts[i] = self._unstable_counts[i], count
+        if count <= previous:  # (a reset clears the count)
+            return False
+        if not self._warned_unstable:
+            self._warned_unstable = True
+            print(f"[env] {self.cfg.name} '{self.cfg.task}': the simulation went unstable (MuJoCo's bad-acceleration "
+                  "warning); such episodes end as failures. A smaller physics step (env.sim_timestep) or gentler "
+                  "controller gains avoid it", flush=True)
+        return True
 
     def reset_envs(self, indices: Sequence[int]) -> Observation:
         for i in np.atleast_1d(np.asarray(indices, dtype=np.int64)):

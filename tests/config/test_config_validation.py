@@ -262,7 +262,7 @@ def _compose(recipe, *overrides):
 
 
 @pytest.mark.parametrize("recipe", ["maniskill_async_ppo_mlp", "maniskill_ppo_mlp", "maniskill_async_ppo_cnn",
-                                    "maniskill_async_ppo_openvla_tiny"])
+                                    "maniskill_async_ppo_openvla_tiny", "mujoco_async_ppo_mlp", "mujoco_async_ppo_cnn"])
 def test_cpu_recipes_are_valid_here(recipe, tmp_path):
     cfg = to_train_config(_compose(recipe, f"runner.logger.log_path={tmp_path}"))
     assert cfg.runner.max_steps > 0

@@ -1,0 +1,220 @@
+"""Evaluate a policy on N episodes: the success rate with its 95 % interval, episode length and
+return, and videos.
+
+    python scripts/eval.py CHECKPOINT_OR_MODEL --episodes N [--video-dir DIR] [key=value ...]
+
+CHECKPOINT_OR_MODEL is either a checkpoint folder of a run (``<log>/checkpoints/global_step_<N>``:
+the run's composed config is read from ``<log>/.hydra/config.yaml``), or a model (a checkpoint
+folder of OpenVLA or LeRobot's Pi0, or a hub repo id) evaluated under ``--recipe`` (by default the
+family's GPU recipe, or its tiny CPU recipe on a machine without GPUs). ``key=value`` overrides
+apply on top, e.g. ``env=robosuite_lift`` or ``env.max_episode_steps=80``. Prints a JSON report
+(also written to ``--json``) and a one-line summary; exit code 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import embodied_async  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
+
+
+class EvalError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        cfg, checkpoint = _config(args)
+        report = evaluate(cfg, checkpoint, args)
+    except EvalError as err:
+        print(f"eval error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("[eval] stopped by Ctrl-C", file=sys.stderr, flush=True)
+        return 130
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    low, high = report["success_rate_ci95"]
+    videos = f"; {len(report['videos'])} videos in {args.video_dir}" if report["videos"] else ""
+    print(f"[eval] success {report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f}) over {report['episodes']} "
+          f"episodes of {report['task']}, mean length {report['episode_length']:.1f} decisions, mean return "
+          f"{report['episode_return']:.3f}{videos}", flush=True)
+    return 0
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help="a run's checkpoint folder, or a model folder / hub repo id")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--num-envs", type=int, default=None, help="sub-envs stepped together (default: up to 8)")
+    parser.add_argument("--video-dir", default=None, help="write the first --videos episodes here as mp4 + JSON")
+    parser.add_argument("--videos", type=int, default=4, help="how many episodes to record (with --video-dir)")
+    parser.add_argument("--recipe", default=None, help="the recipe a model (not a checkpoint) is evaluated under")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--json", default=None, help="also write the report to this file")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    if args.episodes < 1:
+        parser.error("--episodes must be at least 1")
+    return args
+
+
+def _is_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "runner.json")) and os.path.isfile(os.path.join(path, "model.json"))
+
+
+def _config(args):
+    """(validated TrainConfig, the checkpoint folder or None)."""
+    from omegaconf import OmegaConf
+
+    from embodied_async.config import ConfigError
+    from embodied_async.config.hydra_schema import register_schema
+    from embodied_async.config.validate import to_train_config
+
+    register_schema()
+    target = args.target
+    if _is_checkpoint(target):
+        log_dir = os.path.dirname(os.path.dirname(os.path.abspath(target)))
+        saved = os.path.join(log_dir, ".hydra", "config.yaml")
+        if not os.path.isfile(saved):
+            raise EvalError(f"{target} is a checkpoint, but its run's config {saved} is missing: evaluate it with "
+                            "--recipe <the recipe it was trained with> and its overrides instead")
+        raw = OmegaConf.load(saved)
+        if args.overrides:
+            raw = _with_overrides(raw, args.overrides)
+        checkpoint = target
+    else:
+        recipe = args.recipe or _recipe_for_model(target)
+        raw = _compose(recipe, [f"model.path={target}", "model.tiny_random_init=false", *args.overrides])
+        checkpoint = None
+    # this process evaluates on --device: the run's placement is not used
+    raw.cluster.device_type = "cpu"
+    raw.runner.dry_run = False
+    try:
+        cfg = to_train_config(raw)
+    except ConfigError as err:
+        raise EvalError(str(err)) from None
+    return cfg, checkpoint
+
+
+def _with_overrides(raw, overrides):
+    """A saved config + ``key=value`` overrides, with ``env=<yaml>`` / ``model=<yaml>`` group choices."""
+    from omegaconf import OmegaConf
+
+    groups = {}
+    plain = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key in ("env", "model"):
+            groups[key] = value
+        else:
+            plain.append(item)
+    for group, name in groups.items():
+        path = os.path.join(REPO_ROOT, "configs", group, f"{name}.yaml")
+        if not os.path.isfile(path):
+            raise EvalError(f"{group}={name}: no {path}")
+        section = OmegaConf.load(path)
+        section.pop("defaults", None)
+        schema = _schema_name(path)
+        raw[group] = OmegaConf.merge({"name": schema}, section)
+    return OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
+
+
+def _schema_name(path: str) -> str:
+    import yaml
+
+    with open(path) as f:
+        defaults = yaml.safe_load(f).get("defaults", [])
+    return next(d[: -len("_schema")] for d in defaults if isinstance(d, str) and d.endswith("_schema"))
+
+
+def _compose(recipe: str, overrides):
+    from hydra import compose, initialize_config_dir
+
+    if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{recipe}.yaml")):
+        raise EvalError(f"--recipe {recipe}: no configs/{recipe}.yaml")
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        return compose(config_name=recipe, overrides=list(overrides))
+
+
+def _recipe_for_model(target: str) -> str:
+    """The recipe for a model folder or repo id: Pi0 when LeRobot's config says so, else OpenVLA."""
+    import torch
+
+    config = os.path.join(target, "config.json")
+    family = "openvla"
+    if os.path.isfile(config):
+        with open(config) as f:
+            family = "pi0" if json.load(f).get("type") == "pi0" else "openvla"
+    elif "pi0" in target.lower():
+        family = "pi0"
+    recipes = {"openvla": "maniskill_async_ppo_openvla", "pi0": "maniskill_async_ppo_openpi"}
+    recipe = recipes[family]
+    return recipe if torch.cuda.is_available() else f"{recipe}_tiny"
+
+
+def evaluate(cfg, checkpoint, args) -> dict:
+    import dataclasses
+
+    import torch
+
+    from embodied_async.checkpoint_io import CheckpointError, load_tree, verify_checkpoint
+    from embodied_async.evaluation import run_episodes, write_videos
+    from embodied_async.registry import build_env, build_policy
+    from embodied_async.workers.sharding import load_model_state
+
+    num_envs = args.num_envs or max(d for d in range(1, 9) if args.episodes % d == 0)
+    if args.episodes % num_envs:
+        raise EvalError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        cfg.model.fetch()
+    except FileNotFoundError as err:
+        raise EvalError(str(err)) from None
+    env_cfg = dataclasses.replace(cfg.env, render_video=bool(args.video_dir))
+    if args.video_dir:
+        from embodied_async.config import ConfigError
+
+        try:
+            env_cfg.check_video()
+        except ConfigError as err:
+            raise EvalError(str(err)) from None
+    started = time.time()
+    print(f"[eval] building the {cfg.env.name} env ({num_envs} sub-envs) and the {cfg.model.name} policy on {device}",
+          flush=True)
+    env = build_env(env_cfg, num_envs, args.seed)
+    try:
+        policy = build_policy(cfg.model, env.spec, device=device).eval()
+        if checkpoint is not None:
+            try:
+                verify_checkpoint(checkpoint)
+                trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+                load_model_state(policy, load_tree(checkpoint, "model"), trainable)
+            except (CheckpointError, KeyError, ValueError) as err:
+                raise EvalError(f"cannot load {checkpoint}: {err}") from None
+        print(f"[eval] running {args.episodes} episodes", flush=True)
+        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=args.seed)
+    finally:
+        env.close()
+    paths = write_videos(result.videos, args.video_dir) if args.video_dir else []
+    summary = result.summary(env.spec.reports_success)
+    task = getattr(cfg.env, "task_id", None) or getattr(cfg.env, "task", None) or cfg.env.name
+    return {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
+            "task": task, **summary, "episode_successes": result.successes, "videos": paths,
+            "seconds": round(time.time() - started, 1)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
