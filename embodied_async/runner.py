@@ -182,7 +182,7 @@ class Runner:
         self.in_flight: List[Pending] = []
         self.eval_in_flight: Optional[Pending] = None
         self.eval_launched_at = 0  # the step an evaluation in flight was launched at (its videos' folder)
-        self.videos_to_log: list = []  # an evaluation's videos, for TensorBoard with the next record
+        self.videos_to_log: list = []  # (launch step, videos) of finished evaluations, for TensorBoard
         self.last_eval: Optional[float] = None
         self.totals: Dict[str, float] = {}
         # a resumed run's own checkpoint is already on disk: never rewrite it for nothing
@@ -229,7 +229,7 @@ class Runner:
             folder = os.path.join(self.log_path, "videos", f"step_{self.eval_launched_at}")
             write_videos(videos, folder, self.cfg.runner.eval_video_fps)
             print(f"[runner] {len(videos)} evaluation videos written to {folder}", flush=True)
-            self.videos_to_log = videos
+            self.videos_to_log.append((self.eval_launched_at, videos))
         record.update(result)
         self.last_eval = result["eval/success_rate"]
 
@@ -277,9 +277,9 @@ class Runner:
                 self._take_eval(record, wait=True)
                 print(f"[runner] final eval at step {step}: success rate {self.last_eval:.3f}", flush=True)
             logger.log(record)
-            if self.videos_to_log:
-                logger.log_videos(self.videos_to_log, step, cfg.runner.eval_video_fps)
-                self.videos_to_log = []
+            for launched_at, videos in self.videos_to_log:  # at the step whose policy they show
+                logger.log_videos(videos, launched_at, cfg.runner.eval_video_fps)
+            self.videos_to_log = []
             print_progress(progress_line(record, cfg.runner.max_steps, self.last_eval))
             if last:
                 break

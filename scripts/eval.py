@@ -6,9 +6,9 @@ return, and videos.
 CHECKPOINT_OR_MODEL is either a checkpoint folder of a run (``<log>/checkpoints/global_step_<N>``:
 the run's composed config is read from ``<log>/.hydra/config.yaml``), or a model (a checkpoint
 folder of OpenVLA or LeRobot's Pi0, or a hub repo id) evaluated under ``--recipe`` (by default the
-family's GPU recipe, or its tiny CPU recipe on a machine without GPUs). ``key=value`` overrides
-apply on top, e.g. ``env=robosuite_lift`` or ``env.max_episode_steps=80``. Prints a JSON report
-(also written to ``--json``) and a one-line summary; exit code 2 on bad input.
+family's recipe). ``key=value`` overrides apply on top, e.g. ``env=robosuite_lift`` or
+``env.max_episode_steps=80``. Prints a JSON report (also written to ``--json``) and a one-line
+summary; exit code 2 on bad input (a config, checkpoint or env that cannot be used here).
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ def main(argv=None) -> int:
             f.write(text + "\n")
     low, high = report["success_rate_ci95"]
     videos = f"; {len(report['videos'])} videos in {args.video_dir}" if report["videos"] else ""
-    print(f"[eval] success {report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f}) over {report['episodes']} "
-          f"episodes of {report['task']}, mean length {report['episode_length']:.1f} decisions, mean return "
-          f"{report['episode_return']:.3f}{videos}", flush=True)
+    success = "n/a (the task reports none)" if report["success_rate"] is None else \
+        f"{report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f})"
+    print(f"[eval] success {success} over {report['episodes']} episodes of {report['task']}, mean length "
+          f"{report['episode_length']:.1f} decisions, mean return {report['episode_return']:.3f}{videos}", flush=True)
     return 0
 
 
@@ -59,9 +60,11 @@ def _parse(argv):
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--num-envs", type=int, default=None, help="sub-envs stepped together (default: up to 8)")
     parser.add_argument("--video-dir", default=None, help="write the first --videos episodes here as mp4 + JSON")
-    parser.add_argument("--videos", type=int, default=4, help="how many episodes to record (with --video-dir)")
+    parser.add_argument("--videos", type=int, default=4,
+                        help="record the first episode of this many sub-envs (with --video-dir; at most --num-envs)")
     parser.add_argument("--recipe", default=None, help="the recipe a model (not a checkpoint) is evaluated under")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="env seed (default: the run's evaluation seed, not its training episodes)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--json", default=None, help="also write the report to this file")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -127,8 +130,10 @@ def _with_overrides(raw, overrides):
             raise EvalError(f"{group}={name}: no {path}")
         section = OmegaConf.load(path)
         section.pop("defaults", None)
-        schema = _schema_name(path)
-        raw[group] = OmegaConf.merge({"name": schema}, section)
+        kept = {}
+        if group == "env":  # the policy was trained to execute chunks of this many actions
+            kept = {"num_action_chunks": raw.env.get("num_action_chunks", 1)}
+        raw[group] = OmegaConf.merge({"name": _schema_name(path)}, kept, section)
     return OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
 
 
@@ -145,14 +150,19 @@ def _compose(recipe: str, overrides):
 
     if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{recipe}.yaml")):
         raise EvalError(f"--recipe {recipe}: no configs/{recipe}.yaml")
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
-        return compose(config_name=recipe, overrides=list(overrides))
+        try:
+            return compose(config_name=recipe, overrides=list(overrides))
+        except (HydraException, OmegaConfBaseException) as err:
+            raise EvalError(f"{recipe} with {list(overrides)}: {err}") from None
 
 
 def _recipe_for_model(target: str) -> str:
-    """The recipe for a model folder or repo id: Pi0 when LeRobot's config says so, else OpenVLA."""
-    import torch
-
+    """The family's recipe for a model folder or repo id: Pi0 when LeRobot's config says so, else
+    OpenVLA. Its env may need a GPU (checked in ``evaluate``): pass env=... to choose another."""
     config = os.path.join(target, "config.json")
     family = "openvla"
     if os.path.isfile(config):
@@ -160,9 +170,7 @@ def _recipe_for_model(target: str) -> str:
             family = "pi0" if json.load(f).get("type") == "pi0" else "openvla"
     elif "pi0" in target.lower():
         family = "pi0"
-    recipes = {"openvla": "maniskill_async_ppo_openvla", "pi0": "maniskill_async_ppo_openpi"}
-    recipe = recipes[family]
-    return recipe if torch.cuda.is_available() else f"{recipe}_tiny"
+    return {"openvla": "maniskill_async_ppo_openvla", "pi0": "maniskill_async_ppo_openpi"}[family]
 
 
 def evaluate(cfg, checkpoint, args) -> dict:
@@ -179,6 +187,10 @@ def evaluate(cfg, checkpoint, args) -> dict:
     if args.episodes % num_envs:
         raise EvalError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and getattr(cfg.env, "sim_backend", None) == "gpu":
+        raise EvalError(f"the env ({cfg.env.name} '{getattr(cfg.env, 'task_id', '')}') simulates on a GPU and this "
+                        "evaluation runs without one: pass env=<an env yaml> or env.sim_backend=cpu where the task "
+                        "supports it")
     try:
         cfg.model.fetch()
     except FileNotFoundError as err:
@@ -190,13 +202,20 @@ def evaluate(cfg, checkpoint, args) -> dict:
         try:
             env_cfg.check_video()
         except ConfigError as err:
-            raise EvalError(str(err)) from None
+            raise EvalError(f"--video-dir cannot be used with this env: {err}") from None
+    seed = args.seed if args.seed is not None else 10_000_019 + cfg.runner.seed  # the run's evaluation seed
     started = time.time()
     print(f"[eval] building the {cfg.env.name} env ({num_envs} sub-envs) and the {cfg.model.name} policy on {device}",
           flush=True)
-    env = build_env(env_cfg, num_envs, args.seed)
     try:
-        policy = build_policy(cfg.model, env.spec, device=device).eval()
+        env = build_env(env_cfg, num_envs, seed)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:  # a camera, assets, rendering
+        raise EvalError(f"cannot build the env: {err}") from None
+    try:
+        try:
+            policy = build_policy(cfg.model, env.spec, device=device).eval()
+        except (ValueError, FileNotFoundError, KeyError) as err:
+            raise EvalError(f"cannot build the policy: {err}") from None
         if checkpoint is not None:
             try:
                 verify_checkpoint(checkpoint)
@@ -205,15 +224,27 @@ def evaluate(cfg, checkpoint, args) -> dict:
             except (CheckpointError, KeyError, ValueError) as err:
                 raise EvalError(f"cannot load {checkpoint}: {err}") from None
         print(f"[eval] running {args.episodes} episodes", flush=True)
-        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=args.seed)
+        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=seed)
     finally:
         env.close()
-    paths = write_videos(result.videos, args.video_dir) if args.video_dir else []
+    paths = write_videos(result.videos, args.video_dir, cfg.runner.eval_video_fps) if args.video_dir else []
     summary = result.summary(env.spec.reports_success)
     task = getattr(cfg.env, "task_id", None) or getattr(cfg.env, "task", None) or cfg.env.name
-    return {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
-            "task": task, **summary, "episode_successes": result.successes, "videos": paths,
-            "seconds": round(time.time() - started, 1)}
+    report = {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
+              "task": task, "seed": seed, **summary, "episode_successes": result.successes, "videos": paths,
+              "seconds": round(time.time() - started, 1)}
+    return _json_safe(report)
+
+
+def _json_safe(value):
+    """NaN (a task that reports no success) as null: JSON has no NaN."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ class MujocoConfig(EnvConfig):
 
     def check_video(self) -> None:
         """Every MuJoCo family renders videos from its main camera."""
+        require(self.main_camera != NO_CAMERA, "videos are drawn from env.main_camera, which is 'none': name a "
+                                               "camera (or null for the task's default)")
 
     def task_class(self):
         import importlib

@@ -43,6 +43,9 @@ class SubEnv(GymSubEnv):
 
     def reset(self) -> None:
         self._obs, _ = self.env.reset(seed=self._take_seed())
+        # gymnasium-robotics moves the goal marker only when its own render() runs: place it
+        # for our renderer too, or images would show the marker at its default position
+        self.env.unwrapped._render_callback()
 
     def step(self, action) -> Tuple[float, bool, bool]:
         self._obs, reward, _, _, info = self.env.step(action)

@@ -73,9 +73,11 @@ class Renderer:
             raise RuntimeError(GL_HELP.format(gl=os.environ.get("MUJOCO_GL"), error=err)) from None
 
     def close(self) -> None:
-        for (thread, _, _), renderer in list(self._renderers.items()):
-            if thread == threading.get_ident():  # another thread's context cannot be made current here
+        for renderer in self._renderers.values():
+            try:  # a context current in another thread is destroyed once that thread lets it go
                 renderer.close()
+            except Exception:
+                pass
         self._renderers = {}
 
 
@@ -114,7 +116,8 @@ class MujocoEnv:
                 raise ValueError(f"{setting}={name!r} is not a camera of {self.cfg.name} task '{self.cfg.task}'; its "
                                  f"cameras: {sorted(sub.camera_names)} (or 'none')")
         if chosen["main_images"] is None and (self.cfg.obs_mode == "rgb" or self.cfg.render_video):
-            raise ValueError(f"env.obs_mode=rgb and videos need env.main_camera; cameras: {sorted(sub.camera_names)}")
+            need = "env.obs_mode=rgb" if self.cfg.obs_mode == "rgb" else "a video"
+            raise ValueError(f"{need} needs env.main_camera, which is 'none'; cameras: {sorted(sub.camera_names)}")
         return chosen
 
     # ---- the contract ------------------------------------------------------------------------
@@ -125,6 +128,7 @@ class MujocoEnv:
             if seed is not None:
                 sub.seed(int(seed) + i)
             sub.reset()
+            self._sync_unstable(i)
             self._rows.append(self._observe(i))
         self._steps[:] = 0
         flags = np.zeros(self.num_envs, dtype=bool)
@@ -144,9 +148,10 @@ class MujocoEnv:
         finals: Dict[int, Observation] = {}
         for i, sub in enumerate(self._subs):
             for chunk in range(actions.shape[1]):
+                before = float(sub.mj_data.time)
                 reward, success, fail = sub.step(actions[i, chunk])
-                if self._went_unstable(i):  # MuJoCo reset the state mid-episode: end it as a failure
-                    success, fail = False, True
+                if self._went_unstable(i, before):  # MuJoCo reset the state mid-episode: a failure
+                    reward, success, fail = 0.0, False, True
                 rewards[i] += float(reward) * self.cfg.reward_scale
                 successes[i] = bool(success)
                 self._steps[i] += 1
@@ -157,6 +162,7 @@ class MujocoEnv:
                     bootstrap[i] = bootstrap_flags(terminated, truncated, self.cfg.terminal_on_success, fail)
                     finals[i] = self._observe(i)  # before the reset: the episode's last state
                     sub.reset()
+                    self._sync_unstable(i)
                     self._steps[i] = 0
                     break  # the rest of the chunk was planned for the finished episode
             self._rows[i] = self._observe(i)
@@ -164,14 +170,22 @@ class MujocoEnv:
         return EnvOutput(obs, rewards, dones, bootstrap, successes, np.ones(self.num_envs, dtype=bool),
                          final_obs=final_observations(obs, finals))
 
-    def _went_unstable(self, i: int) -> bool:
-        """Whether sub-env ``i``'s last step hit MuJoCo's bad-acceleration warning (it then resets
-        the simulation to its initial state, so the observed transition is not physics)."""
+    def _sync_unstable(self, i: int) -> None:
+        """Take sub-env ``i``'s warning count as it is after a reset (which may clear it)."""
         import mujoco
 
-        count = int(self._subs[i].mj_data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number)
+        self._unstable_counts[i] = int(self._subs[i].mj_data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number)
+
+    def _went_unstable(self, i: int, time_before: float) -> bool:
+        """Whether sub-env ``i``'s last step hit MuJoCo's bad-acceleration warning. MuJoCo then
+        resets the data (time back to 0, the warning count cleared and then counted once), so the
+        observed transition is not physics: seen as a changed count or as time going backwards."""
+        import mujoco
+
+        data = self._subs[i].mj_data
+        count = int(data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number)
         previous, self._unstable_counts[i] = self._unstable_counts[i], count
-        if count <= previous:  # (a reset clears the count)
+        if count == previous and float(data.time) >= time_before:
             return False
         if not self._warned_unstable:
             self._warned_unstable = True
@@ -183,6 +197,7 @@ class MujocoEnv:
     def reset_envs(self, indices: Sequence[int]) -> Observation:
         for i in np.atleast_1d(np.asarray(indices, dtype=np.int64)):
             self._subs[int(i)].reset()
+            self._sync_unstable(int(i))
             self._steps[int(i)] = 0
             self._rows[int(i)] = self._observe(int(i))
         return self._current_obs()
