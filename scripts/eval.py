@@ -22,7 +22,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-import embodied_async  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
+import envs  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
 
 
 class EvalError(Exception):
