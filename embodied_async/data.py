@@ -45,6 +45,18 @@ def concat_observations(parts: List[Observation]) -> Observation:
     return out
 
 
+def action_chunks(actions, low: np.ndarray, high: np.ndarray, num_envs: int) -> np.ndarray:
+    """An env's ``step`` input as float32 ``[B, C, A]`` within the action bounds (``[B, A]`` is
+    read as ``C = 1``); a wrong shape is an error naming the expected one."""
+    actions = np.asarray(actions, dtype=np.float32)
+    if actions.ndim == 2:
+        actions = actions[:, None]
+    expected = (num_envs, len(low))
+    if actions.ndim != 3 or (actions.shape[0], actions.shape[2]) != expected:
+        raise ValueError(f"actions must be [B, C, A] with (B, A)={expected}; got {actions.shape}")
+    return np.clip(actions, low, high)
+
+
 def final_observations(obs: Observation, finals: Dict[int, Observation]) -> Optional[Observation]:
     """``EnvOutput.final_obs`` from the current observation and the last observations (batches of
     one) of the sub-envs that finished: the others' rows repeat ``obs``; None when none finished."""
@@ -101,6 +113,12 @@ class EnvOutput:
     @property
     def num_envs(self) -> int:
         return int(self.rewards.shape[0])
+
+    @classmethod
+    def after_reset(cls, obs: Observation, num_envs: int) -> "EnvOutput":
+        """The output of a reset: ``obs``, zero rewards, no episode ended, every sample valid."""
+        flags = [np.zeros(num_envs, dtype=bool) for _ in range(3)]
+        return cls(obs, np.zeros(num_envs, np.float32), *flags, np.ones(num_envs, dtype=bool))
 
     @classmethod
     def concat(cls, parts: List["EnvOutput"]) -> "EnvOutput":

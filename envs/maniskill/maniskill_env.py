@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.contracts import EnvSpec
-from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations, final_observations
+from embodied_async.data import (EnvOutput, Observation, action_chunks, bootstrap_flags, concat_observations,
+                                 final_observations)
 from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
@@ -325,19 +326,11 @@ class ManiSkillEnv:
                 self._rows.append(self._row(i, raw))
         if self._reward is not None:
             self._reward.reset(range(self.num_envs))
-        rewards, dones, bootstrap, successes, _ = self._blank()
-        valid = np.ones(self.num_envs, dtype=bool)
-        return EnvOutput(self._current_obs(), rewards, dones, bootstrap, successes, valid)
+        return EnvOutput.after_reset(self._current_obs(), self.num_envs)
 
     def step(self, actions: np.ndarray) -> EnvOutput:
         """Execute one action chunk ``[B, C, A]`` (``[B, A]`` is read as ``C = 1``)."""
-        actions = np.asarray(actions, dtype=np.float32)
-        if actions.ndim == 2:
-            actions = actions[:, None]
-        expected = (self.num_envs, self._low.shape[0])
-        if actions.ndim != 3 or (actions.shape[0], actions.shape[2]) != expected:
-            raise ValueError(f"actions must be [B, C, A], (B, A)={expected}; got {actions.shape}")
-        actions = np.clip(actions, self._low, self._high)
+        actions = action_chunks(actions, self._low, self._high, self.num_envs)
         step = self._step_gpu if self._vec is not None else self._step_cpu
         rewards, dones, bootstrap, successes, finals = step(actions)
         obs = self._current_obs()

@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.contracts import EnvSpec
-from embodied_async.data import EnvOutput, Observation, bootstrap_flags, concat_observations, final_observations
+from embodied_async.data import (EnvOutput, Observation, action_chunks, bootstrap_flags, concat_observations,
+                                 final_observations)
 from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_mujoco import NO_CAMERA, MujocoConfig
@@ -131,18 +132,10 @@ class MujocoEnv:
             self._sync_unstable(i)
             self._rows.append(self._observe(i))
         self._steps[:] = 0
-        flags = np.zeros(self.num_envs, dtype=bool)
-        return EnvOutput(self._current_obs(), np.zeros(self.num_envs, np.float32), flags, flags.copy(), flags.copy(),
-                         np.ones(self.num_envs, dtype=bool))
+        return EnvOutput.after_reset(self._current_obs(), self.num_envs)
 
     def step(self, actions: np.ndarray) -> EnvOutput:
-        actions = np.asarray(actions, dtype=np.float32)
-        if actions.ndim == 2:
-            actions = actions[:, None]
-        if actions.ndim != 3 or (actions.shape[0], actions.shape[2]) != (self.num_envs, len(self._low)):
-            raise ValueError(f"actions must be [B, C, A] with (B, A)=({self.num_envs}, {len(self._low)}); "
-                             f"got {actions.shape}")
-        actions = np.clip(actions, self._low, self._high)
+        actions = action_chunks(actions, self._low, self._high, self.num_envs)
         rewards = np.zeros(self.num_envs, dtype=np.float32)
         dones, bootstrap, successes = (np.zeros(self.num_envs, dtype=bool) for _ in range(3))
         finals: Dict[int, Observation] = {}

@@ -68,9 +68,7 @@ class SyntheticImageEnv:
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self._new_episodes(np.arange(self.num_envs))
-        zeros = np.zeros(self.num_envs, dtype=bool)
-        return EnvOutput(self._observe(), np.zeros(self.num_envs, np.float32), zeros, zeros.copy(), zeros.copy(),
-                         np.ones(self.num_envs, dtype=bool))
+        return EnvOutput.after_reset(self._observe(), self.num_envs)
 
     def step(self, actions: np.ndarray) -> EnvOutput:
         actions = np.asarray(actions, dtype=np.float32)
