@@ -24,7 +24,7 @@ from embodied_async.config import Topology, TrainConfig, resolve_topology
 from embodied_async.contracts import EnvSpec
 from embodied_async.evaluation import write_videos
 from embodied_async.metrics import MetricLogger, pool_env_metrics, print_progress, progress_line
-from embodied_async.scheduler.channel import GraphChannels
+from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerGroup, init_ray, wait_all
 from embodied_async.workers.actor_worker import ActorWorker
 from embodied_async.workers.env_worker import EnvWorker
@@ -64,19 +64,52 @@ class Graph:
         return [self.env, self.rollout, self.actor]
 
 
+def channel_links(topology: Topology, nodes: Dict[str, Sequence]) -> Dict[str, tuple]:
+    """Per channel: every key it carries and those whose producer and consumer share a node
+    (``nodes``: the node of each worker, per component); ``GraphChannels.create`` sends those
+    point to point and the others through Ray. Weights always go through Ray: they are stored
+    once in its object store for every rollout rank, and one message per update costs nothing."""
+    links: Dict[str, tuple] = {name: ([], []) for name in ("env_outputs", "actions", "trajectories")}
+
+    def add(name, key, producer_node, consumer_node):
+        links[name][0].append(key)
+        if producer_node == consumer_node:
+            links[name][1].append(key)
+
+    for rollout_rank in range(topology.num_rollout_workers):
+        rollout_node = nodes["rollout"][rollout_rank]
+        for env_rank in topology.env_ranks(rollout_rank):
+            for stage in range(topology.stages):
+                add("env_outputs", (env_rank, stage), nodes["env"][env_rank], rollout_node)
+                add("actions", (env_rank, stage), rollout_node, nodes["env"][env_rank])
+        for stage in range(topology.stages):
+            for actor_rank in range(topology.actor_world_size):
+                add("trajectories", (rollout_rank, stage, actor_rank), rollout_node, nodes["actor"][actor_rank])
+    return links
+
+
 def build_graph(cfg: TrainConfig, topology: Topology) -> Graph:
     """Create channels and the three worker groups on the topology; start no loop yet."""
     backend = cfg.cluster.backend
+    links = None
     if backend == "ray":
         init_ray(cfg.cluster.num_nodes)
-    channels = GraphChannels.create(backend, trajectory_depth=VersionGate.from_config(cfg.algorithm).capacity)
+        if cfg.cluster.channel_transport == "auto":
+            from embodied_async.scheduler.worker_group import worker_slots
+
+            nodes = {name: [node for node, _ in worker_slots(topology.device_kind, topology.ids(name),
+                                                             cfg.cluster.num_nodes)]
+                     for name in ("env", "rollout", "actor")}
+            links = channel_links(topology, nodes)
+    channels = GraphChannels.create(backend, trajectory_depth=VersionGate.from_config(cfg.algorithm).capacity,
+                                    links=links)
     common = dict(cfg=cfg, topology=topology, channels=channels)
-    env = WorkerGroup("env", EnvWorker, topology, backend, kwargs_for=lambda r: dict(common, rank=r))
+    groups = dict(topology=topology, backend=backend, num_nodes=cfg.cluster.num_nodes)
+    env = WorkerGroup("env", EnvWorker, kwargs_for=lambda r: dict(common, rank=r), **groups)
     env_spec = env.call_rank(0, "spec").result()
-    rollout = WorkerGroup("rollout", RolloutWorker, topology, backend,
-                          kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec))
-    actor = WorkerGroup("actor", ActorWorker, topology, backend,
-                        kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec))
+    rollout = WorkerGroup("rollout", RolloutWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec),
+                          **groups)
+    actor = WorkerGroup("actor", ActorWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec), **groups)
     host, port = actor.call_rank(0, "master_address").result()
     wait_all(actor.call("init_model", host, port))
     return Graph(env, rollout, actor, channels, env_spec)
@@ -178,6 +211,7 @@ class Runner:
         if cfg.runner.resume_dir:
             check_checkpoint_model(cfg.runner.resume_dir, cfg.model)
         self.graph: Optional[Graph] = None
+        self.worker_nodes: Dict[str, list] = {}  # component -> the Ray node of each worker (several nodes)
         self.loops: List[Pending] = []
         self.in_flight: List[Pending] = []
         self.eval_in_flight: Optional[Pending] = None
@@ -195,6 +229,11 @@ class Runner:
         print(f"[runner] building workers (placement {dict(cfg.cluster.component_placement)}, "
               f"backend {cfg.cluster.backend})", flush=True)
         self.graph = graph = build_graph(cfg, self.topology)
+        if cfg.cluster.backend == "ray" and cfg.cluster.num_nodes > 1:
+            # asked from inside each worker: where the processes really run
+            self.worker_nodes = {group.name: group.placed_nodes() for group in graph.groups()}
+            print("[runner] nodes: " + "; ".join(f"{name} on {[node[:8] for node in nodes]}"
+                                                 for name, nodes in self.worker_nodes.items()), flush=True)
         if cfg.runner.resume_dir:
             try:
                 versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
@@ -239,7 +278,9 @@ class Runner:
         rollout_parts = wait_all(graph.rollout.call("pop_metrics"), watch=self.loops)
         record = dict(actor_metrics)
         record.update(pool_env_metrics(env_parts, interval_s))
-        record["time/rollout"] = sum(p["time/rollout"] for p in rollout_parts) / len(rollout_parts)
+        for key in rollout_parts[0]:  # time/*: mean over the rollout workers; CPU and traffic: sums
+            total = sum(p[key] for p in rollout_parts)
+            record[key] = total / len(rollout_parts) if key.startswith("time/") else total
         for name, channel in graph.channels.named().items():
             record[f"channel/{name}_qsize"] = float(channel.qsize())  # flat over a long run (scripts/soak.py)
         return record
@@ -269,6 +310,11 @@ class Runner:
                 cfg.runner.max_env_steps and self.state["env_steps"] >= cfg.runner.max_env_steps)
             interval = cfg.runner.val_check_interval
             self._take_eval(record, wait=last)  # at the end, let an older evaluation finish first
+            target = cfg.runner.stop_at_eval_success
+            if not last and target is not None and "eval/success_rate" in record and self.last_eval >= target:
+                print(f"[runner] evaluation of version {int(record['eval/version'])} reached success rate "
+                      f"{self.last_eval:.3f} >= runner.stop_at_eval_success={target}: stopping", flush=True)
+                last = True
             if last or (cfg.runner.save_interval and step % cfg.runner.save_interval == 0):
                 self._save()  # before the final evaluation, so a failing evaluation loses nothing
             if interval and (step % interval == 0 or last):

@@ -33,6 +33,10 @@ class ClusterConfig:
     component_placement: Dict[str, str] = field(default_factory=dict)
     # torch intra-op threads per worker process on CPU (many processes share few cores).
     cpu_threads_per_worker: int = 1
+    # how workers exchange messages under Ray: "auto": point to point over a Unix socket where
+    # sender and receiver share a node, through a channel actor otherwise; "ray": always through
+    # channel actors (slower; kept for comparison: scripts/benchmark_throughput.py)
+    channel_transport: str = "auto"
 
 
 @dataclass
@@ -200,6 +204,8 @@ class LoggerConfig:
 class RunnerConfig:
     max_steps: int = 200  # training steps (PPO updates)
     max_env_steps: Optional[int] = None  # stop earlier once this many env steps were consumed
+    # stop earlier once an evaluation's success rate reaches this (needs val_check_interval > 0)
+    stop_at_eval_success: Optional[float] = None
     val_check_interval: int = 10  # evaluate every N steps (0 disables)
     eval_episodes: int = 32
     eval_num_envs: int = 8

@@ -101,6 +101,7 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     """
     choice(cfg.cluster.backend, "cluster.backend", ("ray", "local"))
     choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
+    choice(cfg.cluster.channel_transport, "cluster.channel_transport", ("auto", "ray"))
     choice(cfg.model.precision, "model.precision", ("float32", "bfloat16"))
     _check_counts(cfg)  # before the topology, which divides by these
     if num_gpus is None and cfg.runner.dry_run and cfg.cluster.device_type == "gpu":
@@ -186,6 +187,11 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
           "keep at least the newest checkpoint", null="to keep every checkpoint")
     bound(runner.max_env_steps, "runner.max_env_steps", lambda v: v >= 1, "must be positive", "set an env-step budget",
           null="to stop at runner.max_steps only")
+    bound(runner.stop_at_eval_success, "runner.stop_at_eval_success", lambda v: 0.0 < v <= 1.0,
+          "must be a success rate in (0, 1]", "use e.g. 0.9", null="to train to runner.max_steps")
+    require(runner.stop_at_eval_success is None or runner.val_check_interval > 0,
+            f"runner.stop_at_eval_success={runner.stop_at_eval_success} needs evaluations: set "
+            "runner.val_check_interval to N > 0 (evaluate every N steps)")
 
 
 def _check_batches(cfg: TrainConfig, world: int) -> None:

@@ -3,11 +3,11 @@
 from embodied_async.scheduler.channel import (
     ChannelClosed,
     ChannelFuture,
-    GraphChannels,
     LocalChannel,
     RayChannel,
     create_channel,
 )
+from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.scheduler.placement import (
     PlacementError,
     detect_num_gpus,

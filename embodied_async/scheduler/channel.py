@@ -20,11 +20,29 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Optional
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
-__all__ = ["ChannelClosed", "ChannelFuture", "GraphChannels", "LocalChannel", "RayChannel", "Shared", "create_channel"]
+__all__ = ["ChannelClosed", "ChannelFuture", "LocalChannel", "RayChannel", "Shared", "create_channel", "payload_bytes"]
 
 _OK, _TIMEOUT, _CLOSED = "ok", "timeout", "closed"
+
+
+def payload_bytes(item: Any) -> int:
+    """Bytes of the arrays, tensors and strings in a message (what a transport has to move);
+    a ``Shared`` handle counts nothing (its payload moves once, through the object store)."""
+    if hasattr(item, "nbytes") and not isinstance(item, (bytes, bytearray)):
+        return int(item.nbytes)
+    if hasattr(item, "element_size") and hasattr(item, "numel"):  # torch.Tensor
+        return int(item.element_size() * item.numel())
+    if isinstance(item, (str, bytes, bytearray)):
+        return len(item)
+    if isinstance(item, dict):
+        return sum(payload_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(payload_bytes(v) for v in item)
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return sum(payload_bytes(getattr(item, f.name)) for f in dataclasses.fields(item))
+    return 8
 
 
 class ChannelClosed(Exception):
@@ -236,6 +254,13 @@ class LocalChannel:
         """A handle to ``payload`` for messages to several receivers (in process: no copy)."""
         return Shared(value=payload)
 
+    def pop_traffic(self) -> Dict[str, float]:
+        """Messages and bytes sent between processes: none in process."""
+        return {"messages": 0.0, "bytes": 0.0}
+
+    def listen(self, keys: Sequence[Hashable]) -> None:
+        """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
+
 
 class _ChannelActor:
     """The Ray actor behind a RayChannel: the shared queue logic on an asyncio event loop.
@@ -337,9 +362,10 @@ def _unwrap(reply, name, key, what, timeout):
 
 
 class _RayFuture(ChannelFuture):
-    def __init__(self, ref, name, key, what):
+    def __init__(self, ref, name, key, what, on_item=None):
         self._ref, self._name, self._key, self._what = ref, name, key, what
         self._reply = None
+        self._on_item = on_item
 
     def result(self, timeout: Optional[float] = None):
         if self._reply is None:
@@ -347,6 +373,8 @@ class _RayFuture(ChannelFuture):
                 self._reply = _ray().get(self._ref, timeout=timeout)
             except _ray().exceptions.GetTimeoutError:
                 raise TimeoutError(f"channel operation not done after {timeout} s") from None
+            if self._on_item is not None and self._reply[0] == _OK:
+                self._on_item(self._reply[1])
         return _unwrap(self._reply, self._name, self._key, self._what, None)
 
     def done(self) -> bool:
@@ -371,6 +399,8 @@ class RayChannel:
         self._lock = threading.Lock()
         self._caller = uuid.uuid4().hex
         self._seq = 0
+        self._messages = 0
+        self._bytes = 0
 
     @classmethod
     def create(cls, name: str, maxsize: int = 0) -> "RayChannel":
@@ -393,32 +423,51 @@ class RayChannel:
         self._actor, self.name, self.maxsize = state["actor"], state["name"], state["maxsize"]
         self._init_caller()
 
-    def _call(self, method: str, *args):
+    def _call(self, method: str, *args, payload: int = 0):
         # The lock makes seq order equal submission order across this process's threads; seq
         # only advances once .remote() succeeded (it fails e.g. on an unpicklable item).
         with self._lock:
             ref = getattr(self._actor, method).remote(self._caller, self._seq, *args)
             self._seq += 1
+            self._messages += 2  # the call and its reply
+            self._bytes += payload
         return ref
+
+    def _count_received(self, item) -> None:
+        with self._lock:
+            self._bytes += payload_bytes(item)
+
+    def listen(self, keys: Sequence[Hashable]) -> None:
+        """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
+
+    def pop_traffic(self) -> Dict[str, float]:
+        """Messages (each call and its reply) and payload bytes this process's copy moved since
+        the last call: an item crosses twice, into the channel's actor and out of it."""
+        with self._lock:
+            sent = {"messages": float(self._messages), "bytes": float(self._bytes)}
+            self._messages = self._bytes = 0
+        return sent
 
     def put_async(self, item, key: Hashable = "default") -> ChannelFuture:
         """Queue ``item`` without blocking; the future resolves once it is in the queue."""
-        return _RayFuture(self._call("put", item, key, None), self.name, key, "put")
+        return _RayFuture(self._call("put", item, key, None, payload=payload_bytes(item)), self.name, key, "put")
 
     def get_async(self, key: Hashable = "default") -> ChannelFuture:
         """Ask for the next item of ``key`` without blocking; the future resolves to it."""
-        return _RayFuture(self._call("get", key, None), self.name, key, "get")
+        return _RayFuture(self._call("get", key, None), self.name, key, "get", self._count_received)
 
     def put(self, item, key: Hashable = "default", timeout: Optional[float] = None) -> None:
         """Add ``item``, blocking while ``key`` is full; TimeoutError after ``timeout`` s."""
-        reply = _ray().get(self._call("put", item, key, timeout))
+        reply = _ray().get(self._call("put", item, key, timeout, payload=payload_bytes(item)))
         _unwrap(reply, self.name, key, "put", timeout)
 
     def get(self, key: Hashable = "default", timeout: Optional[float] = None):
         """Take the oldest item of ``key``, blocking until there is one; TimeoutError after
         ``timeout`` s (the timeout runs in the actor, so no item is taken afterwards)."""
         reply = _ray().get(self._call("get", key, timeout))
-        return _unwrap(reply, self.name, key, "get", timeout)
+        item = _unwrap(reply, self.name, key, "get", timeout)
+        self._count_received(item)
+        return item
 
     def qsize(self, key: Optional[Hashable] = None) -> int:
         """Items queued under ``key``, or under all keys when ``key`` is None."""
@@ -448,30 +497,3 @@ def create_channel(backend: str, name: str, maxsize: int = 0):
     if backend == "local":
         return LocalChannel(maxsize, name=name)
     raise ValueError(f"unknown channel backend {backend!r}; use 'ray' or 'local'")
-
-
-@dataclass
-class GraphChannels:
-    """The four channels of the graph, one message type each (``embodied_async.data``):
-
-    - ``env_outputs``: env -> rollout ``EnvOutput``, keyed ``(env rank, stage)``;
-    - ``actions``: rollout -> env ``ActionMessage``, keyed ``(env rank, stage)``;
-    - ``trajectories``: rollout -> actor ``Trajectory`` shards, keyed ``(rollout rank, stage,
-      actor rank)``, each as deep as the version gate lets a stream run ahead;
-    - ``weights``: actor -> rollout ``WeightMessage``, keyed by rollout rank.
-    """
-
-    env_outputs: Any
-    actions: Any
-    trajectories: Any
-    weights: Any
-
-    @classmethod
-    def create(cls, backend: str, trajectory_depth: int) -> "GraphChannels":
-        run_id = uuid.uuid4().hex[:8]  # Ray channel actors are named: keep runs in one session apart
-        depths = {"env_outputs": 2, "actions": 2, "trajectories": trajectory_depth, "weights": 0}
-        return cls(**{name: create_channel(backend, f"{name}-{run_id}", maxsize=depth)
-                      for name, depth in depths.items()})
-
-    def named(self) -> Dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -61,59 +61,102 @@ def init_ray(num_nodes: int) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _alive_nodes(resource: str) -> List[dict]:
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) > 0]
+    nodes.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
+    return nodes
+
+
 def gpu_slots() -> List[tuple]:
     """Every GPU of the Ray cluster as ``(node_id, local_gpu_index)``, counted node by node.
 
     Placement ids count across nodes in this order (the head node first), so ``actor: 0-15`` on
     two 8-GPU nodes means all GPUs of both.
     """
+    return [(n["NodeID"], i) for n in _alive_nodes("GPU") for i in range(int(n["Resources"]["GPU"]))]
+
+
+def cpu_slots() -> List[tuple]:
+    """Every CPU of the Ray cluster as ``(node_id, local index)``, counted node by node like
+    ``gpu_slots``: with ``cluster.num_nodes > 1`` CPU placement ids are these slots."""
+    return [(n["NodeID"], i) for n in _alive_nodes("CPU") for i in range(int(n["Resources"]["CPU"]))]
+
+
+def worker_slots(device_kind: str, device_ids: Sequence[int], num_nodes: int) -> List[tuple]:
+    """``(node_id, local id)`` of each placement id: the Ray node a worker is pinned to and the
+    id it sees there (its GPU index; on CPUs a process slot).
+
+    GPU ids and, on several nodes, CPU ids count across the cluster's nodes, head first. On one
+    node every CPU worker runs on this (the driver's) node, whatever else the cluster holds, so
+    the env and rollout workers can always talk directly (``scheduler.direct_channel``).
+    """
     import ray
 
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("GPU", 0) > 0]
-    nodes.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
-    return [(n["NodeID"], i) for n in nodes for i in range(int(n["Resources"]["GPU"]))]
+    if device_kind == "cpu" and num_nodes <= 1:
+        here = ray.get_runtime_context().get_node_id()
+        return [(here, device_id) for device_id in device_ids]
+    slots = gpu_slots() if device_kind == "gpu" else cpu_slots()
+    kind = "GPU" if device_kind == "gpu" else "CPU"
+    for device_id in device_ids:
+        if device_id >= len(slots):
+            raise ValueError(f"cluster.component_placement names {kind} {device_id}, but the Ray cluster has "
+                             f"{len(slots)} {kind}s; start more nodes or change the placement")
+    return [slots[device_id] for device_id in device_ids]
 
 
-def _gpu_actor_options(device_id: int, slots: List[tuple]) -> Dict[str, Any]:
+def _actor_options(device_kind: str, node_id: str) -> Dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if device_id >= len(slots):
-        raise ValueError(f"cluster.component_placement names GPU {device_id}, but the Ray cluster has "
-                         f"{len(slots)} GPUs; start more nodes or change the placement")
-    node_id, _ = slots[device_id]
-    # we pin CUDA_VISIBLE_DEVICES ourselves from the placement id, so Ray must not touch it
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
-            "runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
+    options: Dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+    if device_kind == "gpu":  # we pin CUDA_VISIBLE_DEVICES ourselves from the placement id
+        options["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+    return options
 
 
 class WorkerGroup:
     """One instance of ``cls`` per device id the topology gives component ``name``;
-    ``kwargs_for(rank)`` gives each one's arguments (``device_id`` is added)."""
+    ``kwargs_for(rank)`` gives each one's arguments (``device_id`` is added). Under Ray each
+    worker is pinned to the node of its placement id (``worker_slots``)."""
 
-    def __init__(self, name: str, cls: type, topology, backend: str, kwargs_for: Callable[[int], Dict[str, Any]]):
+    def __init__(self, name: str, cls: type, topology, backend: str, kwargs_for: Callable[[int], Dict[str, Any]],
+                 num_nodes: int = 1):
         self.name, self.backend = name, backend
         self.device_ids = topology.ids(name)
         device_kind = topology.device_kind
         self.workers: List[Any] = []
         self._pools: List[concurrent.futures.ThreadPoolExecutor] = []
-        slots = gpu_slots() if backend == "ray" and device_kind == "gpu" else []
-        for rank, device_id in enumerate(self.device_ids):
-            # on GPUs the worker sees its node-local index; on CPUs the id is just a process slot
-            local_id = slots[device_id][1] if slots and device_id < len(slots) else device_id
-            kwargs = dict(kwargs_for(rank), device_id=local_id)
-            if backend == "ray":
-                import ray
+        self.nodes: List[Optional[str]] = [None] * len(self.device_ids)
+        if backend == "ray":
+            import ray
 
-                remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
-                options = _gpu_actor_options(device_id, slots) if device_kind == "gpu" else {}
-                self.workers.append(remote_cls.options(**options).remote(**kwargs))
-            else:
+            slots = worker_slots(device_kind, self.device_ids, num_nodes)
+            self.nodes = [node for node, _ in slots]
+            remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
+            for rank, (node, local_id) in enumerate(slots):
+                kwargs = dict(kwargs_for(rank), device_id=local_id)
+                self.workers.append(remote_cls.options(**_actor_options(device_kind, node)).remote(**kwargs))
+        else:
+            for rank, device_id in enumerate(self.device_ids):
                 self._pools.append(concurrent.futures.ThreadPoolExecutor(max_workers=4,
                                                                          thread_name_prefix=f"{name}{rank}"))
-                self.workers.append(cls(**kwargs))
+                self.workers.append(cls(**dict(kwargs_for(rank), device_id=device_id)))
 
     def __len__(self) -> int:
         return len(self.workers)
+
+    def placed_nodes(self) -> List[Optional[str]]:
+        """The Ray node each worker process runs on, as the worker itself reports it (None in
+        process): checks that placement pinned it where ``nodes`` says."""
+        if self.backend != "ray":
+            return [None] * len(self.workers)
+        import ray
+
+        def node_of(_instance):
+            return ray.get_runtime_context().get_node_id()
+
+        return ray.get([worker.__ray_call__.remote(node_of) for worker in self.workers])
 
     def call_rank(self, rank: int, method: str, *args, **kwargs) -> Pending:
         worker, label = self.workers[rank], f"{self.name}[{rank}].{method}"
@@ -158,15 +201,53 @@ def wait_all(pending: List[Pending], watch: Sequence[Pending] = (), timeout: Opt
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        for loop in watch:
-            if loop.done():
-                try:
-                    loop.result()
-                except Exception as err:  # the worker's own error, re-raised with its name
-                    raise WorkerFailed(f"{loop.label} failed: {err}") from err
-                raise WorkerFailed(f"{loop.label} stopped unexpectedly")
+        if any(loop.done() for loop in watch):
+            _raise_for_ended_loop(watch)
         if all(p.done() for p in pending):
             return [_result_naming_worker(p) for p in pending]
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {[p.label for p in pending if not p.done()]}")
+        _sleep_until_one_is_done([p for p in pending if not p.done()] + list(watch), poll)
+
+
+_DIED = ("RayActorError", "ActorDiedError", "ActorUnavailableError")
+CAUSE_GRACE_S = 3.0  # how long a loop that ended waits for the failure that may have caused it
+
+
+def _raise_for_ended_loop(watch: Sequence[Pending]) -> None:
+    """Name the root cause: a worker whose process died ends its peers' loops as well (a direct
+    channel sees the closed socket at once, before Ray reports the death), so a loop that ended
+    first gives the others a moment, and a death is reported before the loops it ended."""
+    grace_end = time.monotonic() + CAUSE_GRACE_S
+    while time.monotonic() < grace_end and not all(loop.done() for loop in watch):
+        _sleep_until_one_is_done([loop for loop in watch if not loop.done()], 0.1)
+        if any(_died(loop) for loop in watch if loop.done()):
+            break
+    ended = [loop for loop in watch if loop.done()]
+    ended.sort(key=lambda loop: not _died(loop))
+    loop = ended[0]
+    try:
+        loop.result()
+    except Exception as err:  # the worker's own error, re-raised with its name
+        raise WorkerFailed(f"{loop.label} failed: {err}") from err
+    raise WorkerFailed(f"{loop.label} stopped unexpectedly")
+
+
+def _died(loop: Pending) -> bool:
+    try:
+        loop.result(timeout=0)
+    except Exception as err:
+        return type(err).__name__ in _DIED
+    return False
+
+
+def _sleep_until_one_is_done(calls: List[Pending], poll: float) -> None:
+    """Sleep up to ``poll`` seconds, waking as soon as one of ``calls`` finishes (Ray calls;
+    in-process calls are looked at again after ``poll``)."""
+    refs = [c.handle for c in calls if not isinstance(c.handle, concurrent.futures.Future)]
+    if refs and len(refs) == len(calls):
+        import ray
+
+        ray.wait(refs, num_returns=1, timeout=poll)
+    else:
         time.sleep(poll)

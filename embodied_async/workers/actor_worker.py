@@ -24,7 +24,7 @@ from embodied_async.data import Trajectory, WeightMessage
 from embodied_async.normalization import merge_observation_moments, normalizer_state
 from embodied_async.registry import build_policy
 from embodied_async.scheduler.channel import ChannelClosed
-from embodied_async.workers.base import setup_worker_process
+from embodied_async.workers.base import ProcessClock, process_metrics, setup_worker_process
 from embodied_async.workers.sharding import (COMPUTE_DTYPES, gather_trainable, load_model_state, make_optimizer,
                                              name_param_groups, shard_policy, tensor_bytes, trainable_parameters)
 
@@ -69,8 +69,10 @@ class ActorWorker:
         self.optimizer_steps = 0  # critic warm-up is counted in these
         self.published_bytes = 0
         self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
+        self.actor_channel.listen([(*stream, rank) for stream in topology.streams])
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self._update_lock = threading.Lock()
+        self.clock = ProcessClock()
 
     # ---- set-up ------------------------------------------------------------------------------
     def master_address(self) -> tuple:
@@ -182,7 +184,7 @@ class ActorWorker:
             shards = self._collect()
         except ChannelClosed:
             raise RuntimeError("the trajectory channel closed while the actor was waiting for data") from None
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         for shard in shards:  # the run's one normaliser learns from what it trains on
             merge_observation_moments(self.policy, shard.obs_moments)
         traj = Trajectory.concat(shards)
@@ -203,6 +205,9 @@ class ActorWorker:
         out["train/actor/published_bytes"] = float(self.published_bytes)
         out["time/actor_training"] = time.perf_counter() - start
         out["time/actor_data_wait"] = start - wait_start
+        # summed over ranks below, like the other components' CPU: averaging divides it back
+        out.update({k: v * self.world_size for k, v in process_metrics(
+            "actor", self.clock, time.thread_time() - start_cpu, self.actor_channel, self.weight_channel).items()})
         return self._average_metrics(out)
 
     def _average_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:

@@ -30,15 +30,18 @@ def setup_worker_process(device_kind: str, device_id: int, cpu_threads: int, see
 
 
 class BusyTimer:
-    """Accumulates busy seconds per named section (``time/env`` etc.); thread-safe pop."""
+    """Accumulates seconds per named section (``time/env`` etc.): wall seconds under the name,
+    and the CPU seconds of the timing thread under ``<name>_cpu`` (on a shared core the two
+    differ: wall time includes waiting for the core). Thread-safe pop."""
 
     def __init__(self) -> None:
         self._totals: Dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         with self._lock:
             self._totals[name] += seconds
+            self._totals[name + "_cpu"] += cpu_seconds
 
     def section(self, name: str) -> "_Section":
         return _Section(self, name)
@@ -54,12 +57,41 @@ class _Section:
         self.timer, self.name = timer, name
 
     def __enter__(self):
-        self.start = time.perf_counter()
+        self.start, self.start_cpu = time.perf_counter(), time.thread_time()
         return self
 
     def __exit__(self, *exc):
-        self.timer.add(self.name, time.perf_counter() - self.start)
+        self.timer.add(self.name, time.perf_counter() - self.start, time.thread_time() - self.start_cpu)
         return False
+
+
+class ProcessClock:
+    """CPU seconds of this whole process (every thread: the worker loop, Ray's and torch's) and
+    wall seconds since the last ``pop``."""
+
+    def __init__(self) -> None:
+        self._cpu, self._wall = time.process_time(), time.perf_counter()
+
+    def pop(self) -> Dict[str, float]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        out = {"cpu": cpu - self._cpu, "wall": wall - self._wall}
+        self._cpu, self._wall = cpu, wall
+        return out
+
+
+def process_metrics(component: str, clock: ProcessClock, work_cpu_s: float, *channels) -> Dict[str, float]:
+    """A worker's CPU accounting since the last call: ``cpu/<component>_work`` (the CPU its own
+    work took: simulation, inference, training), ``cpu/<component>_process`` (the whole process:
+    work plus messaging, Ray's threads, polling) and the traffic it sent through ``channels``.
+    Workers of one component are added up."""
+    process = clock.pop()
+    out = {f"cpu/{component}_work": work_cpu_s, f"cpu/{component}_process": process["cpu"],
+           f"traffic/{component}_messages": 0.0, f"traffic/{component}_bytes": 0.0}
+    for channel in channels:
+        sent = channel.pop_traffic()
+        out[f"traffic/{component}_messages"] += sent["messages"]
+        out[f"traffic/{component}_bytes"] += sent["bytes"]
+    return out
 
 
 class Stopped(Exception):

@@ -11,7 +11,8 @@ from embodied_async.contracts import EnvSpec
 from embodied_async.data import ActionMessage, EnvOutput
 from embodied_async.registry import build_env
 from embodied_async.scheduler.channel import ChannelClosed
-from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
+from embodied_async.workers.base import (BusyTimer, ProcessClock, Stopped, process_metrics, setup_worker_process,
+                                         wait_future)
 
 POLL_SECONDS = 0.5  # how often a blocked loop looks at its stop flag
 
@@ -64,7 +65,9 @@ class EnvWorker:
         self.stats = [EpisodeStats(per_stage) for _ in range(stages)]
         self.reports_success = self.envs[0].spec.reports_success
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
+        self.action_channel.listen([(rank, s) for s in range(stages)])
         self.timer = BusyTimer()
+        self.clock = ProcessClock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._env_steps = 0
@@ -119,7 +122,8 @@ class EnvWorker:
                 self._put(stage, env.reset())
             while not self._stop.is_set():
                 for stage, env in enumerate(self.envs):
-                    message: ActionMessage = self._get_actions(stage)
+                    with self.timer.section("wait"):
+                        message: ActionMessage = self._get_actions(stage)
                     if message is None:
                         return
                     with self.timer.section("env"):
@@ -127,7 +131,8 @@ class EnvWorker:
                     with self._lock:
                         self.stats[stage].record(out, self.cfg.env.num_action_chunks)
                         self._env_steps += env.num_envs * self.cfg.env.num_action_chunks
-                    self._put(stage, out)
+                    with self.timer.section("wait"):
+                        self._put(stage, out)
         except (ChannelClosed, Stopped):
             return
 
@@ -144,8 +149,11 @@ class EnvWorker:
                 stats.finished = []
             steps, self._env_steps = self._env_steps, 0
             nonfinite, self._nonfinite = self._nonfinite, 0
+        times = self.timer.pop()
         out = {"env/env_steps": float(steps), "env/episodes": float(len(episodes)),
-               "env/nonfinite_dropped": float(nonfinite), "time/env": self.timer.pop().get("env", 0.0)}
+               "env/nonfinite_dropped": float(nonfinite), "time/env": times.get("env", 0.0),
+               "time/env_wait": times.get("wait", 0.0), **process_metrics("env", self.clock, times.get("env_cpu", 0.0),
+                                                                            self.env_channel, self.action_channel)}
         # no episode finished in this interval: the means are undefined (null in metrics.jsonl)
         returns, lengths, successes = zip(*episodes) if episodes else ([np.nan],) * 3
         if not self.reports_success:  # the task has no notion of success: null, not 0

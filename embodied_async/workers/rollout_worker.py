@@ -16,7 +16,8 @@ from embodied_async.evaluation import run_episodes
 from embodied_async.normalization import pop_observation_moments
 from embodied_async.registry import build_env, build_policy
 from embodied_async.scheduler.channel import ChannelClosed
-from embodied_async.workers.base import BusyTimer, Stopped, setup_worker_process, wait_future
+from embodied_async.workers.base import (BusyTimer, ProcessClock, Stopped, process_metrics, setup_worker_process,
+                                         wait_future)
 
 POLL_SECONDS = 0.5
 # Evaluation runs one fixed version beside the rollout. A policy up to this size is copied for
@@ -55,6 +56,7 @@ class RolloutWorker:
         self.buffers = [_StageBuffer() for _ in range(topology.stages)]
         self.gate = VersionGate.from_config(cfg.algorithm)
         self.timer = BusyTimer()
+        self.clock = ProcessClock()
         self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
         self._stop = threading.Event()
         self._eval_env = None
@@ -62,6 +64,8 @@ class RolloutWorker:
         self._hold_weights = False  # an evaluation shares the policy: swaps wait
         self._held_message: Optional[WeightMessage] = None
         self._pending_puts: List[list] = [[] for _ in range(topology.stages)]
+        self.env_channel.listen([(env_rank, s) for env_rank in self.env_ranks for s in range(topology.stages)])
+        self.weight_channel.listen([rank])
 
     # ---- weights -------------------------------------------------------------------------
     def _load(self, message: WeightMessage) -> bool:
@@ -174,7 +178,8 @@ class RolloutWorker:
     def _receive(self, stage: int) -> EnvOutput:
         """Take the stage's env outputs; close the pending step; ship a finished trajectory."""
         buf = self.buffers[stage]
-        out = self._get_outputs(stage)
+        with self.timer.section("wait"):
+            out = self._get_outputs(stage)
         shards = []
         with self.timer.section("rollout"):
             if buf.pending is not None:
@@ -185,7 +190,8 @@ class RolloutWorker:
             # one key per (stream, actor rank): every actor rank sees the streams in the same order;
             # a blocking put, so a full trajectory channel holds the rollout back (backpressure)
             key = (self.rank, stage, actor_rank)
-            wait_future(self.actor_channel.put_async(shard, key=key), self._stop, POLL_SECONDS)
+            with self.timer.section("wait"):
+                wait_future(self.actor_channel.put_async(shard, key=key), self._stop, POLL_SECONDS)
         return out
 
     def _act(self, stage: int, out: EnvOutput) -> None:
@@ -203,12 +209,13 @@ class RolloutWorker:
                 versions=torch.full((out.num_envs,), self.version, dtype=torch.int64))
             actions = buf.pending.actions.numpy()
         # sent without waiting: the env answers before it can need the next actions
-        for future in self._pending_puts[stage]:
-            wait_future(future, self._stop, POLL_SECONDS)
-        size = self.envs_per_env_worker
-        self._pending_puts[stage] = [
-            self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size]), key=(env_rank, stage))
-            for i, env_rank in enumerate(self.env_ranks)]
+        with self.timer.section("wait"):
+            for future in self._pending_puts[stage]:
+                wait_future(future, self._stop, POLL_SECONDS)
+            size = self.envs_per_env_worker
+            self._pending_puts[stage] = [
+                self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size]), key=(env_rank, stage))
+                for i, env_rank in enumerate(self.env_ranks)]
 
     def run(self) -> None:
         """Serve the stages in turn. A stage that may not start its next batch yet (throttle) is
@@ -225,7 +232,8 @@ class RolloutWorker:
                         self._act(stage, parked[stage])
                         parked[stage] = None
                 if all(p is not None for p in parked):
-                    self._wait_for_weights()
+                    with self.timer.section("wait"):
+                        self._wait_for_weights()
         except (Stopped, ChannelClosed):
             return
 
@@ -233,7 +241,10 @@ class RolloutWorker:
         self._stop.set()
 
     def pop_metrics(self) -> Dict[str, float]:
-        return {"time/rollout": self.timer.pop().get("rollout", 0.0)}
+        times = self.timer.pop()
+        return {"time/rollout": times.get("rollout", 0.0), "time/rollout_wait": times.get("wait", 0.0),
+                **process_metrics("rollout", self.clock, times.get("rollout_cpu", 0.0), self.env_channel,
+                                  self.action_channel, self.actor_channel)}
 
     # ---- evaluation and state --------------------------------------------------------------
     def evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:

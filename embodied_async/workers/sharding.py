@@ -42,14 +42,19 @@ def fsdp_units(policy: nn.Module) -> List[nn.Module]:
     return list(units()) if callable(units) else []
 
 
-def shard_policy(policy: nn.Module, device_kind: str, world_size: int, precision: str) -> None:
-    """Apply FSDP2 in place: each unit of ``fsdp_units`` first, then the root."""
+def shard_policy(policy: nn.Module, device_kind: str, world_size: int, precision: str) -> bool:
+    """Apply FSDP2 in place: each unit of ``fsdp_units`` first, then the root. Returns whether it
+    did: a single rank in float32 has nothing to shard and no precision to manage, and FSDP's
+    hooks alone made the MLP recipe's update ~1.5x as expensive on a CPU
+    (benchmarks/2026-12-01-throughput-cpu.md), so that policy trains unwrapped."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     if precision not in COMPUTE_DTYPES:
         raise ValueError(f"model.precision={precision!r}; use one of {sorted(COMPUTE_DTYPES)}")
     keep_trainable_in_float32(policy)
+    if world_size == 1 and precision == "float32":
+        return False
     mesh = init_device_mesh("cuda" if device_kind == "gpu" else "cpu", (world_size,))
     options = {"mesh": mesh}
     if precision == "bfloat16":
@@ -60,6 +65,7 @@ def shard_policy(policy: nn.Module, device_kind: str, world_size: int, precision
     for method in FORWARD_METHODS:
         if hasattr(policy, method):
             register_fsdp_forward_method(policy, method)
+    return True
 
 
 def trainable_parameters(policy: nn.Module, value_prefixes: Iterable[str]) -> Tuple[list, list]:

@@ -10,7 +10,8 @@ import torch
 from embodied_async.config import resolve_topology
 from embodied_async.data import StepRecord, Trajectory
 from embodied_async.registry import build_policy
-from embodied_async.scheduler.channel import GraphChannels, LocalChannel
+from embodied_async.scheduler.channel import LocalChannel
+from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.workers.actor_worker import ActorWorker, free_port
 from embodied_async.workers.sharding import gather_trainable
 from embodied_async.contracts import EnvSpec

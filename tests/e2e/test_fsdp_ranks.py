@@ -7,7 +7,8 @@ import torch
 from embodied_async.config import resolve_topology
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import Trajectory
-from embodied_async.scheduler.channel import GraphChannels, RayChannel
+from embodied_async.scheduler.channel import RayChannel
+from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.scheduler.worker_group import WorkerGroup, init_ray, wait_all
 from embodied_async.workers.actor_worker import ActorWorker
 

@@ -115,7 +115,8 @@ def test_weights_arriving_during_a_shared_evaluation_wait_for_its_end(make_confi
 
     from embodied_async.config import resolve_topology
     from embodied_async.data import WeightMessage
-    from embodied_async.scheduler.channel import GraphChannels, LocalChannel, Shared
+    from embodied_async.scheduler.channel import LocalChannel, Shared
+    from embodied_async.scheduler.graph_channels import GraphChannels
     from embodied_async.workers import rollout_worker
 
     cfg = make_config("cluster.backend=local", "env.name=outcome_point", "cluster.component_placement.env=0",

@@ -1,0 +1,463 @@
+"""A keyed channel whose every key joins one producer process to one consumer process on the same
+node directly, over a Unix socket: no process in between, one send per item.
+
+The env <-> rollout links of the graph carry one small message per decision and sub-env batch.
+Through a channel actor each item costs four remote calls and passes three processes; on a
+2-core machine that traffic took about as much CPU as the simulation (benchmarks/). Here an item
+is pickled once (protocol 5: numpy arrays travel as raw buffers, never pickled), written into the
+socket and read on the other side.
+
+Same API and semantics as the other channels (``channel.py``): FIFO per key, ``maxsize`` items
+in flight per key (backpressure: the consumer acknowledges each item it takes), timeouts that
+withdraw the operation, ``ChannelClosed``. The difference: each key has one producer process and
+one consumer process: the consumer declares its keys (``listen``, or its first ``get``), the
+producer's first ``put`` connects to it (waiting until it listens). The consumer's end going away (closed, process ended) reaches the producer as
+``ChannelClosed``, and the other way round. ``qsize`` works from any process of the node: the
+counts live in a small shared file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Dict, Hashable, List, Optional, Sequence
+
+import numpy as np
+
+from embodied_async.scheduler.channel import ChannelClosed, ChannelFuture, Shared
+
+__all__ = ["DirectChannel"]
+
+_HEADER = struct.Struct("<II")  # pickle length, number of out-of-band buffers
+_LENGTH = struct.Struct("<Q")
+_POLL_SLICE_S = 0.5  # a wait without timeout still looks at the closed flag this often
+_FRAME_REST_TIMEOUT_S = 60.0  # once a frame has begun, the rest is already on its way
+_SENT, _TAKEN = 0, 1
+
+
+def _socket_address(channel_id: str, index: int):
+    if sys.platform.startswith("linux"):  # abstract namespace: no file to clean up after a crash
+        return f"\0embodied_async-{channel_id}-{index}"
+    return os.path.join(tempfile.gettempdir(), f"ea-{channel_id}-{index}.sock")
+
+
+def _counter_path(channel_id: str) -> str:
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(folder, f"embodied_async-{channel_id}.counts")
+
+
+def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
+    """True once ``sock`` is readable, or closed under us (the next operation on it reports that)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], timeout)
+    except (OSError, ValueError):  # closed by another thread: fileno() is -1 or the fd is gone
+        return True
+    return bool(readable)
+
+
+class _GetWaiter:
+    __slots__ = ("item", "error", "done")
+
+    def __init__(self):
+        self.item, self.error, self.done = None, None, False
+
+
+class _Link:
+    """One key's connection as seen from this process: its producer end (``out_sock``) and its
+    consumer end (``listener``, then ``in_sock``); a process normally holds one of the two."""
+
+    def __init__(self):
+        # one lock per end: a process may hold both ends of a key (tests, one-process use), and a
+        # put waiting for an acknowledgement must not keep the get that sends it out
+        self.out_lock = threading.RLock()
+        self.in_lock = threading.RLock()
+        self.out_sock: Optional[socket.socket] = None
+        self.listener: Optional[socket.socket] = None
+        self.in_sock: Optional[socket.socket] = None
+        self.outbox: deque = deque()  # (sequence number, frame parts) not yet written
+        self.queued = 0  # sequence numbers given to puts
+        self.written = 0  # the last sequence number written into the socket (the earlier ones
+        # were written too, or withdrawn by a put that timed out)
+        self.unacknowledged = 0  # written, not yet taken by the consumer
+        self.waiters: deque = deque()  # gets waiting for an item, oldest first
+
+
+class DirectChannel:
+    """Keyed point-to-point channel over Unix sockets; picklable, so it can be passed to workers.
+
+    ``keys``: every key the channel will carry (each becomes one socket pair).
+    """
+
+    def __init__(self, name: str, keys: Sequence[Hashable], maxsize: int, channel_id: str):
+        if maxsize < 0:
+            raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
+        self.name, self.maxsize, self._id = name, maxsize, channel_id
+        self._keys = list(keys)
+        self._init_process_state()
+
+    def _init_process_state(self):
+        self._index = {key: i for i, key in enumerate(self._keys)}
+        self._links: Dict[Hashable, _Link] = {}
+        self._links_lock = threading.Lock()
+        self._counts = None
+        self._closed = False
+        self.messages_sent = 0
+        self.bytes_sent = 0
+
+    @classmethod
+    def create(cls, name: str, keys: Sequence[Hashable], maxsize: int = 0) -> "DirectChannel":
+        channel_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        counts = np.memmap(_counter_path(channel_id), dtype=np.int64, mode="w+", shape=(max(1, len(keys)), 2))
+        counts.flush()
+        return cls(name, keys, maxsize, channel_id)
+
+    def __getstate__(self):
+        return {"name": self.name, "keys": self._keys, "maxsize": self.maxsize, "id": self._id}
+
+    def __setstate__(self, state):
+        self.name, self._keys, self.maxsize, self._id = state["name"], state["keys"], state["maxsize"], state["id"]
+        self._init_process_state()
+
+    # ---- per-key state ------------------------------------------------------------------------
+    def _link(self, key) -> _Link:
+        if self._closed:
+            raise ChannelClosed(f"channel {self.name!r} is closed")
+        link = self._links.get(key)
+        if link is None:
+            if key not in self._index:
+                raise KeyError(f"channel {self.name!r} carries the keys {self._keys}, not {key!r}")
+            with self._links_lock:
+                link = self._links.setdefault(key, _Link())
+        return link
+
+    def _count(self, key, column: int, delta: int) -> None:
+        if self._counts is None:
+            try:
+                self._counts = np.memmap(_counter_path(self._id), dtype=np.int64, mode="r+",
+                                         shape=(max(1, len(self._keys)), 2))
+            except FileNotFoundError:  # destroyed by its creator while this process shuts down
+                self._counts = np.zeros((max(1, len(self._keys)), 2), dtype=np.int64)
+        self._counts[self._index[key], column] += delta
+
+    def _closed_error(self, key, why: str) -> ChannelClosed:
+        return ChannelClosed(f"channel {self.name!r} key {key!r}: {why}")
+
+    # ---- producer side -------------------------------------------------------------------------
+    def _connect(self, link: _Link, key, deadline: Optional[float]) -> bool:
+        """Connect to the consumer; False if it is not listening yet by ``deadline``."""
+        while link.out_sock is None:
+            if self._closed:
+                raise self._closed_error(key, "closed")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(_socket_address(self._id, self._index[key]))
+            except (ConnectionRefusedError, FileNotFoundError):
+                sock.close()
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+                continue
+            link.out_sock = sock
+        return True
+
+    def _read_acknowledgements(self, link: _Link, key, timeout: Optional[float]) -> None:
+        if timeout != 0 and not _wait_readable(link.out_sock, timeout):
+            return
+        try:
+            data = link.out_sock.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError as err:
+            raise self._closed_error(key, f"the consumer's end failed ({err})") from None
+        if not data:
+            raise self._closed_error(key, "the consumer closed its end")
+        link.unacknowledged -= len(data)
+
+    def _flush(self, link: _Link, key, until: int, deadline: Optional[float]) -> bool:
+        """Write queued items up to sequence number ``until``; False at ``deadline``."""
+        while link.outbox and link.outbox[0][0] <= until:
+            if self._closed:
+                raise self._closed_error(key, "closed")
+            if not self._connect(link, key, deadline):
+                return False
+            self._read_acknowledgements(link, key, 0)
+            while self.maxsize and link.unacknowledged >= self.maxsize:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._read_acknowledgements(link, key, _POLL_SLICE_S if remaining is None
+                                            else min(remaining, _POLL_SLICE_S))
+                if self._closed:
+                    raise self._closed_error(key, "closed")
+            seq, parts = link.outbox.popleft()
+            try:
+                _send_all(link.out_sock, parts)
+            except OSError as err:
+                raise self._closed_error(key, f"the consumer's end is gone ({err})") from None
+            link.written = seq
+            link.unacknowledged += 1
+            self.messages_sent += 1
+            self.bytes_sent += sum(len(p) for p in parts)
+            self._count(key, _SENT, 1)
+        return True
+
+    def _enqueue(self, link: _Link, item) -> int:
+        buffers: List[pickle.PickleBuffer] = []
+        body = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        header = _HEADER.pack(len(body), len(raws)) + b"".join(_LENGTH.pack(r.nbytes) for r in raws)
+        link.queued += 1
+        link.outbox.append((link.queued, [memoryview(header), memoryview(body), *raws]))
+        return link.queued
+
+    def put_async(self, item, key: Hashable = "default") -> ChannelFuture:
+        """Queue ``item`` without blocking; the future resolves once it is written to the socket
+        (at most ``maxsize`` items of a key are unacknowledged)."""
+        link = self._link(key)
+        with link.out_lock:
+            seq = self._enqueue(link, item)
+            # Connecting waits for the consumer to listen (once per key, at start-up): an item left
+            # in the outbox of a process that goes on to wait elsewhere would never be written.
+            self._connect(link, key, None)
+            self._flush(link, key, seq, time.monotonic())
+        return _PutFuture(self, link, key, seq)
+
+    def put(self, item, key: Hashable = "default", timeout: Optional[float] = None) -> None:
+        """Add ``item``, blocking while ``maxsize`` items of ``key`` are unacknowledged (or the
+        consumer is not listening yet); TimeoutError after ``timeout`` s, the item not added."""
+        link = self._link(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with link.out_lock:
+            seq = self._enqueue(link, item)
+            if not self._flush(link, key, seq, deadline):
+                link.outbox = deque(entry for entry in link.outbox if entry[0] != seq)
+                raise TimeoutError(f"channel {self.name!r} key {key!r}: put timed out after {timeout} s")
+
+    # ---- consumer side -------------------------------------------------------------------------
+    def _listen(self, link: _Link, key) -> None:
+        if link.listener is None and link.in_sock is None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address = _socket_address(self._id, self._index[key])
+            if not address.startswith("\0") and os.path.exists(address):
+                os.unlink(address)
+            try:
+                listener.bind(address)
+            except OSError as err:
+                listener.close()
+                raise RuntimeError(f"channel {self.name!r} key {key!r}: another process already receives this key "
+                                   f"({err}); a direct channel has one consumer per key") from None
+            listener.listen(1)
+            link.listener = listener
+
+    def _accept(self, link: _Link, key, deadline: Optional[float]) -> bool:
+        while link.in_sock is None:
+            if self._closed:
+                raise self._closed_error(key, "closed")
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = _POLL_SLICE_S if remaining is None else min(remaining, _POLL_SLICE_S)
+            if _wait_readable(link.listener, wait):
+                try:
+                    link.in_sock, _ = link.listener.accept()
+                except OSError as err:
+                    raise self._closed_error(key, f"closed ({err})") from None
+                link.listener.close()
+                link.listener = None
+            elif deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def _receive_one(self, link: _Link, key) -> Any:
+        sock = link.in_sock
+        sock.settimeout(_FRAME_REST_TIMEOUT_S)
+        try:
+            body_length, count = _HEADER.unpack(_recv_exact(sock, _HEADER.size, key))
+            lengths = [_LENGTH.unpack(_recv_exact(sock, _LENGTH.size, key))[0] for _ in range(count)]
+            body = _recv_exact(sock, body_length, key)
+            buffers = [_recv_exact(sock, n, key) for n in lengths]
+        except (OSError, EOFError) as err:
+            raise self._closed_error(key, f"the producer's end is gone ({err})") from None
+        finally:
+            sock.settimeout(None)
+        if self.maxsize:
+            try:
+                sock.sendall(b"\1")
+                self.messages_sent += 1
+                self.bytes_sent += 1
+            except OSError:  # the producer closed after its last item: the item is still ours
+                pass
+        self._count(key, _TAKEN, 1)
+        return pickle.loads(body, buffers=buffers)
+
+    def _serve(self, link: _Link, key, waiter: _GetWaiter, deadline: Optional[float]) -> bool:
+        """Read items for the waiting gets, oldest first, until ``waiter`` has one."""
+        while not waiter.done:
+            if self._closed:
+                raise self._closed_error(key, "closed")
+            if not self._accept(link, key, deadline):
+                return False
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = _POLL_SLICE_S if remaining is None else min(remaining, _POLL_SLICE_S)
+            if not _wait_readable(link.in_sock, wait):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                continue
+            item = self._receive_one(link, key)
+            oldest = link.waiters.popleft()
+            oldest.item, oldest.done = item, True
+        return True
+
+    def listen(self, keys: Sequence[Hashable]) -> None:
+        """Declare this process the consumer of ``keys`` and accept their producers from now on.
+        A producer's first put waits until its consumer listens, so every consumer calls this
+        when it starts, before it waits for anything: otherwise two processes that each put
+        before they get could wait for each other's listener."""
+        for key in keys:
+            link = self._link(key)
+            with link.in_lock:
+                self._listen(link, key)
+
+    def get_async(self, key: Hashable = "default") -> ChannelFuture:
+        """Ask for the next item of ``key`` without blocking; the future resolves to it."""
+        link = self._link(key)
+        with link.in_lock:
+            self._listen(link, key)
+            waiter = _GetWaiter()
+            link.waiters.append(waiter)
+        return _GetFuture(self, link, key, waiter)
+
+    def get(self, key: Hashable = "default", timeout: Optional[float] = None):
+        """Take the oldest item of ``key``, blocking until there is one; TimeoutError after
+        ``timeout`` s (no item is taken then)."""
+        link = self._link(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with link.in_lock:
+            self._listen(link, key)
+            waiter = _GetWaiter()
+            link.waiters.append(waiter)
+            if not self._serve(link, key, waiter, deadline):
+                link.waiters.remove(waiter)
+                raise TimeoutError(f"channel {self.name!r} key {key!r}: get timed out after {timeout} s")
+            return waiter.item
+
+    # ---- the rest of the channel API -----------------------------------------------------------
+    def qsize(self, key: Optional[Hashable] = None) -> int:
+        """Items written and not yet taken, for ``key`` or all keys (from any process of the node)."""
+        try:
+            counts = np.fromfile(_counter_path(self._id), dtype=np.int64).reshape(-1, 2)
+        except FileNotFoundError:  # destroyed
+            return 0
+        if key is not None:
+            if key not in self._index:
+                return 0
+            counts = counts[self._index[key]:self._index[key] + 1]
+        return int((counts[:, _SENT] - counts[:, _TAKEN]).sum())
+
+    def close(self) -> None:
+        """Close this process's ends: its later operations fail with ChannelClosed, and so do the
+        peers' operations on the keys it served."""
+        self._closed = True
+        with self._links_lock:
+            links = list(self._links.values())
+        for link in links:
+            for sock in (link.out_sock, link.listener, link.in_sock):
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    sock.close()
+
+    def destroy(self) -> None:
+        """Close, and remove the shared counts (call once, from the process that created it)."""
+        self.close()
+        try:
+            os.unlink(_counter_path(self._id))
+        except FileNotFoundError:
+            pass
+
+    def share(self, payload: Any) -> Shared:
+        """``payload`` by value: every receiver gets its own copy (a Ray object handle cannot
+        travel through a socket, so weights for many ranks go through a ``RayChannel``)."""
+        return Shared(value=payload)
+
+    def pop_traffic(self) -> Dict[str, float]:
+        """Messages and bytes this process sent since the last call (acknowledgements included)."""
+        sent = {"messages": float(self.messages_sent), "bytes": float(self.bytes_sent)}
+        self.messages_sent = self.bytes_sent = 0
+        return sent
+
+
+def _send_all(sock: socket.socket, parts: List[memoryview]) -> None:
+    parts = [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in parts]
+    while parts:
+        sent = sock.sendmsg(parts)
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts[0])
+            parts.pop(0)
+        if parts and sent:
+            parts[0] = parts[0][sent:]
+
+
+def _recv_exact(sock: socket.socket, size: int, key) -> bytearray:
+    buffer = bytearray(size)
+    view, received = memoryview(buffer), 0
+    while received < size:
+        n = sock.recv_into(view[received:], size - received)
+        if n == 0:
+            raise EOFError(f"connection of key {key!r} closed mid-message")
+        received += n
+    return buffer
+
+
+class _PutFuture(ChannelFuture):
+    def __init__(self, channel: DirectChannel, link: _Link, key, seq: int):
+        self._channel, self._link, self._key, self._seq = channel, link, key, seq
+
+    def _advance(self, deadline: Optional[float]) -> bool:
+        link = self._link
+        if link.written >= self._seq:
+            return True
+        with link.out_lock:
+            return self._channel._flush(link, self._key, self._seq, deadline)
+
+    def result(self, timeout: Optional[float] = None):
+        if not self._advance(None if timeout is None else time.monotonic() + timeout):
+            raise TimeoutError(f"channel operation not done after {timeout} s")
+        return None
+
+    def done(self) -> bool:
+        try:
+            return self._advance(time.monotonic())
+        except ChannelClosed:
+            return True
+
+
+class _GetFuture(ChannelFuture):
+    def __init__(self, channel: DirectChannel, link: _Link, key, waiter: _GetWaiter):
+        self._channel, self._link, self._key, self._waiter = channel, link, key, waiter
+
+    def _advance(self, deadline: Optional[float]) -> bool:
+        if self._waiter.done:
+            return True
+        with self._link.in_lock:
+            return self._channel._serve(self._link, self._key, self._waiter, deadline)
+
+    def result(self, timeout: Optional[float] = None):
+        if not self._advance(None if timeout is None else time.monotonic() + timeout):
+            raise TimeoutError(f"channel operation not done after {timeout} s")
+        return self._waiter.item
+
+    def done(self) -> bool:
+        try:
+            return self._advance(time.monotonic())
+        except ChannelClosed:
+            return True

@@ -1,0 +1,371 @@
+"""Where the time goes: one command measures, back to back on this machine,
+
+1. ``raw_env``: the configured env processes stepping random actions (no policy, no messages),
+   measured again just before each of the runs below (this machine's speed drifts);
+2. ``local_sync``: the single-file synchronous PPO baseline (``benchmarks/ppo_pushcube_sync.py``;
+   PushCube state recipes only), no Ray;
+3. ``ray_sync``: the recipe's graph with ``algorithm.staleness_threshold=0``;
+4. ``ray_async``: the recipe as configured;
+5. with ``--relayed``: the recipe with ``cluster.channel_transport=ray`` (every message through a
+   channel actor, as before point-to-point links existed).
+
+From them it computes the **compute-bound limit**: CPU seconds per env step of simulation (from
+1), inference and training (from 3's own work, not its messaging), spread over the cores (per run,
+with the raw measurement just before it: ``over_limit``); and the
+**overlap bound**: how much faster than 3 a perfectly overlapped loop could be on these cores.
+Per run: env steps/s in steady state (the first ``--warmup-updates`` updates left out), per
+component busy / waiting / idle shares, CPU seconds per env step (work and whole process),
+messages and bytes per env step, and the hypervisor's steal share while it ran.
+``--to-success 0.9 --seeds 0 1 2`` adds, per seed, the env steps and training seconds until an
+evaluation first reached 0.9, for the baseline and the recipe.
+
+    .venv/bin/python scripts/benchmark_throughput.py                      # ~10 min on 2 cores
+    .venv/bin/python scripts/benchmark_throughput.py --to-success 0.9 --seeds 0 1 2 --skip raw_env local_sync ray_sync
+
+Writes ``<out>/throughput.json`` and ``<out>/throughput.png`` (default ``logs/throughput-<time>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+PHASES = ("raw_env", "local_sync", "ray_sync", "ray_async", "ray_async_relayed")
+
+
+# ---- machine ---------------------------------------------------------------------------------
+def cpu_times() -> List[int]:
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:]]
+
+
+def steal_share(before: List[int], after: List[int]) -> float:
+    """Share of the machine's CPU time the hypervisor gave to others (``steal`` in /proc/stat)."""
+    delta = [b - a for a, b in zip(before, after)]
+    return round(delta[7] / max(1, sum(delta)), 3) if len(delta) > 7 else 0.0
+
+
+def num_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def compose(config_name: str, overrides: list):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from embodied_async.config import resolve
+    from embodied_async.config.hydra_schema import register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        return resolve(hydra_compose(config_name=config_name, overrides=overrides))  # (config, topology)
+
+
+# ---- 1. raw env rate -------------------------------------------------------------------------------
+def _raw_env_process(config_name, overrides, rank, seconds, queue) -> None:
+    import numpy as np
+
+    import envs  # noqa: F401  (env families register themselves; sets rendering defaults)
+    from embodied_async.registry import build_env
+
+    cfg, topology = compose(config_name, overrides)
+    rng = np.random.default_rng(rank)
+    built = [build_env(cfg.env, topology.envs_per_stage, 1000 * rank + s) for s in range(topology.stages)]
+    for env in built:
+        env.reset()
+    spec = built[0].spec
+    low = np.asarray(spec.action_low or [-1.0] * spec.action_dim, np.float32)
+    high = np.asarray(spec.action_high or [1.0] * spec.action_dim, np.float32)
+    shape = (topology.envs_per_stage, cfg.env.num_action_chunks, spec.action_dim)
+
+    def step_all():
+        for env in built:
+            env.step(rng.uniform(low, high, size=shape).astype(np.float32))
+
+    step_all()  # warm-up
+    steps, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
+    while time.perf_counter() - wall0 < seconds:
+        step_all()
+        steps += topology.envs_per_stage * topology.stages * cfg.env.num_action_chunks
+    queue.put({"env_steps": steps, "cpu_s": time.thread_time() - cpu0, "wall_s": time.perf_counter() - wall0})
+    for env in built:
+        env.close()
+
+
+def measure_raw_env(config_name: str, overrides: list, seconds: float) -> Dict:
+    """The env workers' processes stepping at once, as in training, with random actions."""
+    _, topology = compose(config_name, overrides)
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_raw_env_process, args=(config_name, overrides, r, seconds, queue))
+             for r in range(topology.num_env_workers)]
+    for p in procs:
+        p.start()
+    parts = [queue.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    steps = sum(p["env_steps"] for p in parts)
+    wall = max(p["wall_s"] for p in parts)
+    return {"processes": len(parts), "env_steps": steps, "env_steps_per_s": round(steps / wall, 1),
+            "sim_cpu_ms_per_env_step": round(1000 * sum(p["cpu_s"] for p in parts) / steps, 3)}
+
+
+# ---- 2. the single-file baseline -------------------------------------------------------------------
+def run_baseline(args, seed: int, env_steps: Optional[int], target: Optional[float], log: str) -> Dict:
+    script = os.path.join(REPO_ROOT, "benchmarks", "ppo_pushcube_sync.py")
+    cmd = [sys.executable, script, "--seed", str(seed), "--json", log + ".json"]
+    cmd += ["--target-success", str(target), "--env-steps", "400000"] if target else \
+        ["--env-steps", str(env_steps), "--eval-every", "0"]
+    with open(log + ".log", "w") as out:
+        subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, check=True)
+    with open(log + ".json") as f:
+        return json.load(f)
+
+
+def baseline_applies(config_name: str, overrides: list) -> bool:
+    cfg, _ = compose(config_name, overrides)
+    return getattr(cfg.env, "task_id", None) == "PushCube-v1" and getattr(cfg.env, "obs_mode", None) == "state"
+
+
+# ---- 3-5. the recipe's graph ---------------------------------------------------------------------
+def run_recipe(config_name: str, overrides: list, log_path: str) -> List[Dict]:
+    import shutil
+
+    shutil.rmtree(log_path, ignore_errors=True)  # metrics.jsonl appends: a reused folder would mix two runs
+    entry = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
+    cmd = [sys.executable, entry, "--config-name", config_name, f"runner.logger.log_path={log_path}", *overrides]
+    with open(log_path + ".log", "w") as out:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the run failed (exit {proc.returncode}); its output: {log_path}.log")
+    with open(os.path.join(log_path, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def summarize_run(records: List[Dict], warmup: int, cores: int, workers: Dict[str, int]) -> Dict:
+    """Steady-state figures over the records after ``warmup`` updates."""
+    if len(records) <= warmup + 1:
+        raise RuntimeError(f"only {len(records)} updates: raise --env-steps above the warm-up")
+    base, window = records[warmup], records[warmup + 1:]
+    steps = sum(r["env/env_steps"] for r in window)
+    wall = window[-1]["wall_time_s"] - base["wall_time_s"]
+    total = lambda key: sum(r.get(key) or 0.0 for r in window)  # noqa: E731
+    per_step_ms = lambda key: round(1000 * total(key) / steps, 3)  # noqa: E731
+    out = {"updates": len(window), "env_steps": int(steps), "wall_s": round(wall, 2),
+           "env_steps_per_s": round(steps / wall, 1), "cpu_ms_per_env_step": {}, "shares": {},
+           "messages_per_env_step": 0.0, "bytes_per_env_step": 0.0}
+    # busy: the component's own work; waiting: blocked on a channel (or, for the actor, on data);
+    # idle: the rest of its wall time (the actor between updates, messaging outside the sections)
+    sections = {"env": ("time/env", "time/env_wait"), "rollout": ("time/rollout", "time/rollout_wait"),
+                "actor": ("time/actor_training", "time/actor_data_wait")}
+    for name, (busy_key, wait_key) in sections.items():
+        busy, waiting = total(busy_key) / wall, total(wait_key) / wall  # time/* are per-worker means
+        out["shares"][name] = {"busy": round(busy, 3), "waiting": round(waiting, 3),
+                               "idle": round(max(0.0, 1.0 - busy - waiting), 3)}
+        out["cpu_ms_per_env_step"][name] = {"work": per_step_ms(f"cpu/{name}_work"),
+                                            "process": per_step_ms(f"cpu/{name}_process")}
+        out["messages_per_env_step"] += total(f"traffic/{name}_messages") / steps
+        out["bytes_per_env_step"] += total(f"traffic/{name}_bytes") / steps
+    out["messages_per_env_step"] = round(out["messages_per_env_step"], 3)
+    out["bytes_per_env_step"] = round(out["bytes_per_env_step"], 1)
+    # weights go through the object store once per rollout rank and update
+    out["weight_bytes_per_env_step"] = round(total("train/actor/published_bytes") * workers["rollout"] / steps, 1)
+    process_s = sum(total(f"cpu/{name}_process") for name in sections)
+    out["our_processes_cpu_share"] = round(process_s / (wall * cores), 3)
+    out["collect_s"] = round(wall - total("time/actor_training"), 2)
+    out["train_s"] = round(total("time/actor_training"), 2)
+    return out
+
+
+def time_to_success(records: List[Dict], target: float) -> Optional[Dict]:
+    """When the first evaluation at or above ``target`` was of a policy: the env steps and training
+    seconds of the update that produced the evaluated version."""
+    by_step = {r["step"]: r for r in records}
+    for r in records:
+        if r.get("eval/success_rate") is not None and r["eval/success_rate"] >= target:
+            version = int(r["eval/version"])
+            produced = by_step.get(version, r)
+            return {"env_steps": produced["env_steps"], "train_s": round(produced["wall_time_s"], 2),
+                    "update": version, "eval_success": r["eval/success_rate"]}
+    return None
+
+
+# ---- report ----------------------------------------------------------------------------------------
+def write_chart(report: Dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = report["phases"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [p for p in PHASES if p in phases]
+    rates = [phases[p]["env_steps_per_s"] for p in names]
+    left.bar(names, rates, color=["#999999", "#4c72b0", "#55a868", "#c44e52", "#8172b2"][:len(names)])
+    limits = [(i, phases[p]["limit_env_steps_per_s"]) for i, p in enumerate(names) if "limit_env_steps_per_s" in phases[p]]
+    if limits:  # each run's own limit (the raw env rate measured just before it)
+        xs, ys = zip(*limits)
+        left.scatter(xs, ys, marker="_", s=900, color="black", label="compute-bound limit at that time")
+        left.scatter(xs, [0.9 * y for y in ys], marker="_", s=900, color="grey", label="0.9 x limit")
+        left.legend(loc="lower right", fontsize=8)
+    left.set_ylabel("env steps / s")
+    left.set_title(f"{report['config']} on {report['machine']['cores']} cores")
+    left.tick_params(axis="x", rotation=20)
+    runs = [p for p in ("ray_sync", "ray_async", "ray_async_relayed") if p in phases]
+    labels, bottoms = [], []
+    for run in runs:
+        for component in ("env", "rollout", "actor"):
+            labels.append(f"{run.replace('ray_', '')}\n{component}")
+            bottoms.append(phases[run]["shares"][component])
+    x = range(len(labels))
+    busy = [s["busy"] for s in bottoms]
+    waiting = [s["waiting"] for s in bottoms]
+    idle = [s["idle"] for s in bottoms]
+    right.bar(x, busy, label="busy", color="#55a868")
+    right.bar(x, waiting, bottom=busy, label="waiting", color="#dd8452")
+    right.bar(x, idle, bottom=[b + w for b, w in zip(busy, waiting)], label="idle", color="#cccccc")
+    right.set_xticks(list(x), labels, fontsize=7)
+    right.set_ylabel("share of wall time (per worker)")
+    right.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="maniskill_async_ppo_mlp")
+    parser.add_argument("--env-steps", type=int, default=24_000, help="env steps of each throughput run")
+    parser.add_argument("--raw-seconds", type=float, default=15.0, help="each raw env measurement")
+    parser.add_argument("--warmup-updates", type=int, default=3)
+    parser.add_argument("--relayed", action="store_true", help="also run with cluster.channel_transport=ray")
+    parser.add_argument("--skip", nargs="*", default=[], choices=PHASES)
+    parser.add_argument("--to-success", type=float, default=None, help="also time runs until eval >= this")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the recipe")
+    args = parser.parse_args()
+
+    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"throughput-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out_dir, exist_ok=True)
+    cfg, topology = compose(args.config, args.overrides)
+    cores = num_cores()
+    workers = {"env": topology.num_env_workers, "rollout": topology.num_rollout_workers,
+               "actor": topology.actor_world_size}
+    import ray
+    import torch
+
+    report: Dict = {"config": args.config, "overrides": args.overrides, "env_steps_per_run": args.env_steps,
+                    "machine": {"cores": cores, "cpu": platform.processor() or platform.machine(),
+                                "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__},
+                    "placement": dict(cfg.cluster.component_placement), "workers": workers,
+                    "pipeline_stages": topology.stages, "num_envs": cfg.env.num_envs, "phases": {}}
+    phases = report["phases"]
+    common = [f"runner.max_env_steps={args.env_steps}", "runner.max_steps=1000000", "runner.val_check_interval=0",
+              "runner.save_interval=0", "runner.logger.tensorboard=false"]
+    runs = {"ray_sync": ["algorithm.staleness_threshold=0"], "ray_async": [],
+            "ray_async_relayed": ["cluster.channel_transport=ray"]}
+    todo = [p for p in PHASES if p not in args.skip and (p != "ray_async_relayed" or args.relayed)]
+    raw_runs = []
+    for phase in todo:
+        if phase == "local_sync" and not baseline_applies(args.config, args.overrides):
+            print("[benchmark] local_sync skipped: the baseline runs PushCube-v1 state only", flush=True)
+            continue
+        # The machine's speed drifts (other tenants; seen 3x within an hour): every timed run gets
+        # its own raw env measurement just before it, and its limit from that.
+        print(f"[benchmark] raw_env before {phase} ...", flush=True)
+        before = cpu_times()
+        raw = measure_raw_env(args.config, args.overrides, args.raw_seconds)
+        raw["steal_share"] = steal_share(before, cpu_times())
+        raw_runs.append(raw)
+        if phase == "raw_env":
+            phases[phase] = raw
+            print(f"[benchmark] raw_env: {raw['env_steps_per_s']} env steps/s (steal {raw['steal_share']})", flush=True)
+            continue
+        print(f"[benchmark] {phase} ...", flush=True)
+        before = cpu_times()
+        if phase == "local_sync":
+            result = run_baseline(args, 0, args.env_steps, None, os.path.join(out_dir, "local_sync"))
+        else:
+            records = run_recipe(args.config, [*args.overrides, *common, *runs[phase]], os.path.join(out_dir, phase))
+            result = summarize_run(records, args.warmup_updates, cores, workers)
+        result["steal_share"] = steal_share(before, cpu_times())
+        result["raw_before"] = {k: raw[k] for k in ("env_steps_per_s", "sim_cpu_ms_per_env_step", "steal_share")}
+        phases[phase] = result
+        print(f"[benchmark] {phase}: {result['env_steps_per_s']} env steps/s (steal {result['steal_share']}; raw env "
+              f"just before: {raw['env_steps_per_s']})", flush=True)
+
+    if raw_runs and "ray_sync" in phases:
+        work = phases["ray_sync"]["cpu_ms_per_env_step"]
+        inference, training = work["rollout"]["work"], work["actor"]["work"]
+        limit = lambda sim: round(1000 * cores / (sim + inference + training), 1)  # noqa: E731
+        sims = [r["sim_cpu_ms_per_env_step"] for r in raw_runs]
+        sim = sum(sims) / len(sims)
+        report["compute_bound"] = {
+            "sim_cpu_ms_per_env_step": round(sim, 3), "sim_cpu_ms_per_env_step_each_raw_run": sims,
+            "inference_cpu_ms_per_env_step": inference, "training_cpu_ms_per_env_step": training,
+            "total_cpu_ms_per_env_step": round(sim + inference + training, 3), "cores": cores,
+            "limit_env_steps_per_s": limit(sim)}
+        for phase, result in phases.items():
+            if "raw_before" in result:  # against the limit of the moment it ran
+                result["limit_env_steps_per_s"] = limit(result["raw_before"]["sim_cpu_ms_per_env_step"])
+                result["over_limit"] = round(result["env_steps_per_s"] / result["limit_env_steps_per_s"], 3)
+            if "cpu_ms_per_env_step" in result:
+                # the same with the simulation's CPU as it was inside this run (under the policy's
+                # actions and the other processes' cache traffic) instead of the raw rate's
+                own = sum(c["work"] for c in result["cpu_ms_per_env_step"].values())
+                result["limit_from_own_work_env_steps_per_s"] = round(1000 * cores / own, 1)
+                result["over_limit_from_own_work"] = round(result["env_steps_per_s"] * own / (1000 * cores), 3)
+    if "ray_sync" in phases:
+        sync = phases["ray_sync"]
+        busy_cpu_s = sum(c["process"] for c in sync["cpu_ms_per_env_step"].values()) * sync["env_steps"] / 1000
+        # perfect overlap: collection and training side by side, unless the cores run out first
+        overlapped = max(sync["collect_s"], sync["train_s"], busy_cpu_s / cores)
+        report["overlap_bound"] = round(sync["wall_s"] / overlapped, 3)
+    ratios = report["ratios"] = {}
+    for phase in ("local_sync", "ray_sync", "ray_async", "ray_async_relayed"):
+        if phase in phases and "over_limit" in phases[phase]:
+            ratios[f"{phase}_over_limit"] = phases[phase]["over_limit"]
+    if "ray_sync" in phases and "ray_async" in phases:
+        speedup = phases["ray_async"]["env_steps_per_s"] / phases["ray_sync"]["env_steps_per_s"]
+        ratios["async_over_sync"] = round(speedup, 3)
+        if "overlap_bound" in report:
+            ratios["async_over_sync_of_overlap_bound"] = round(speedup / report["overlap_bound"], 3)
+    if "local_sync" in phases and "ray_async" in phases:
+        ratios["async_over_local_sync"] = round(phases["ray_async"]["env_steps_per_s"]
+                                                / phases["local_sync"]["env_steps_per_s"], 3)
+
+    if args.to_success is not None:
+        report["time_to_success"] = {"target": args.to_success, "baseline": {}, "recipe": {}}
+        for seed in args.seeds:
+            if baseline_applies(args.config, args.overrides):
+                print(f"[benchmark] baseline to {args.to_success}, seed {seed} ...", flush=True)
+                result = run_baseline(args, seed, None, args.to_success, os.path.join(out_dir, f"baseline_seed{seed}"))
+                report["time_to_success"]["baseline"][seed] = result["reached"]
+                print(f"[benchmark] baseline seed {seed}: {result['reached']}", flush=True)
+            print(f"[benchmark] recipe to {args.to_success}, seed {seed} ...", flush=True)
+            records = run_recipe(args.config, [*args.overrides, f"runner.seed={seed}", "runner.max_steps=400",
+                                               f"runner.stop_at_eval_success={args.to_success}",
+                                               "runner.save_interval=0", "runner.logger.tensorboard=false"],
+                                 os.path.join(out_dir, f"recipe_seed{seed}"))
+            report["time_to_success"]["recipe"][seed] = time_to_success(records, args.to_success)
+            print(f"[benchmark] recipe seed {seed}: {report['time_to_success']['recipe'][seed]}", flush=True)
+
+    with open(os.path.join(out_dir, "throughput.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if phases:
+        write_chart(report, os.path.join(out_dir, "throughput.png"))
+    print(json.dumps(report, indent=1))
+    print(f"[benchmark] written to {out_dir}/throughput.json and throughput.png", flush=True)
+
+
+if __name__ == "__main__":
+    main()

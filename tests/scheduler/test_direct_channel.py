@@ -1,0 +1,186 @@
+"""DirectChannel: the channel semantics (FIFO per key, backpressure, timeouts that withdraw,
+ChannelClosed) between two processes over a Unix socket, and within one process."""
+
+import dataclasses
+import multiprocessing as mp
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from embodied_async.data import ActionMessage, EnvOutput
+from embodied_async.scheduler import ChannelClosed
+from embodied_async.scheduler.direct_channel import DirectChannel
+
+KEYS = [(0, 0), (0, 1), (1, 0)]
+
+
+@pytest.fixture
+def channel():
+    made = DirectChannel.create("test", KEYS, maxsize=2)
+    yield made
+    made.destroy()
+
+
+def _produce(channel, key, count, done):
+    for i in range(count):
+        channel.put(EnvOutput.after_reset({"states": np.full((4, 3), i, np.float32)}, 4), key=key)
+    done.set()
+
+
+def _echo(channel, replies, rounds):
+    """An env-like process: take an action message, answer with an output (as the env worker)."""
+    replies.listen([(0, 0)])
+    for i in range(rounds):
+        message = replies.get(key=(0, 0), timeout=30)
+        channel.put(EnvOutput.after_reset({"states": message.actions[:, 0] + i}, len(message.actions)), key=(0, 0))
+    channel.close()
+    replies.close()
+
+
+def test_items_cross_processes_in_order_per_key(channel):
+    context = mp.get_context("spawn")
+    channel.listen(KEYS[:2])
+    done = [context.Event() for _ in range(2)]
+    procs = [context.Process(target=_produce, args=(channel, key, 30, event)) for key, event in zip(KEYS[:2], done)]
+    for proc in procs:
+        proc.start()
+    # maxsize 2: each producer gets two items ahead and then waits for us to take one
+    deadline = time.monotonic() + 120  # spawned processes import numpy and torch first
+    while channel.qsize() < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert channel.qsize(KEYS[0]) == 2 and channel.qsize() == 4 and not any(e.is_set() for e in done)
+    for i in range(30):
+        for key in KEYS[:2]:
+            out = channel.get(key=key, timeout=30)
+            assert float(out.obs["states"][0, 0]) == i
+            out.obs["states"][0, 0] = -1.0  # arrays arrive writable (the rollout writes into them)
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert channel.qsize() == 0
+    traffic = channel.pop_traffic()  # this process acknowledged 60 items, one byte each
+    assert traffic == {"messages": 60.0, "bytes": 60.0}
+
+
+def test_round_trips_with_an_env_like_process():
+    outputs = DirectChannel.create("outputs", [(0, 0)], maxsize=2)
+    actions = DirectChannel.create("actions", [(0, 0)], maxsize=2)
+    outputs.listen([(0, 0)])
+    proc = mp.get_context("spawn").Process(target=_echo, args=(outputs, actions, 20))
+    proc.start()
+    try:
+        for i in range(20):
+            sent = np.random.default_rng(i).random((8, 1, 3)).astype(np.float32)
+            actions.put_async(ActionMessage(sent), key=(0, 0)).result(timeout=30)
+            out = outputs.get_async(key=(0, 0)).result(timeout=30)
+            np.testing.assert_array_equal(out.obs["states"], sent[:, 0] + i)
+        # the peer closed its ends when it finished: we are told, not left waiting
+        with pytest.raises(ChannelClosed):
+            outputs.get(key=(0, 0), timeout=30)
+        proc.join(30)
+        assert proc.exitcode == 0
+        traffic = actions.pop_traffic()
+        assert traffic["messages"] == 20 and traffic["bytes"] > 20 * sent.nbytes
+    finally:
+        outputs.destroy()
+        actions.destroy()
+
+
+def test_backpressure_and_timeouts_withdraw(channel):
+    key = KEYS[0]
+    channel.listen([key])
+    channel.put("a", key=key)
+    channel.put("b", key=key)
+    with pytest.raises(TimeoutError):
+        channel.put("dropped", key=key, timeout=0.2)  # two unacknowledged: full
+    pending = channel.put_async("c", key=key)
+    assert not pending.done()
+    assert channel.get(key=key, timeout=5) == "a"  # frees a slot: the waiting put goes in
+    assert pending.result(timeout=5) is None
+    assert [channel.get(key=key, timeout=5), channel.get(key=key, timeout=5)] == ["b", "c"]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        channel.get(key=key, timeout=0.2)
+    assert 0.15 < time.monotonic() - start < 5
+    waiting = channel.get_async(key=key)
+    with pytest.raises(TimeoutError):
+        waiting.result(timeout=0.1)  # stays pending
+    channel.put("late", key=key)
+    assert waiting.result(timeout=5) == "late"
+    assert channel.qsize() == 0
+
+
+def test_gets_waiting_together_are_served_oldest_first(channel):
+    key = KEYS[1]
+    gets = [channel.get_async(key=key) for _ in range(3)]
+    thread = threading.Thread(target=lambda: [channel.put(i, key=key) for i in range(3)])
+    thread.start()
+    assert gets[2].result(timeout=5) == 2  # waiting on the newest reads the older ones' items first
+    assert [g.result(timeout=5) for g in gets[:2]] == [0, 1]
+    thread.join(5)
+
+
+def test_a_put_waits_until_its_consumer_listens(channel):
+    key = KEYS[2]
+    with pytest.raises(TimeoutError):
+        channel.put("x", key=key, timeout=0.3)  # nobody listens yet
+    thread = threading.Thread(target=lambda: channel.put("y", key=key))
+    thread.start()
+    time.sleep(0.2)
+    channel.listen([key])
+    assert channel.get(key=key, timeout=5) == "y"
+    thread.join(5)
+
+
+def test_close_fails_waiting_and_later_operations():
+    channel = DirectChannel.create("closing", KEYS, maxsize=1)
+    errors = []
+
+    def blocked_get():
+        try:
+            channel.get(key=KEYS[0])
+        except ChannelClosed as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=blocked_get)
+    thread.start()
+    time.sleep(0.3)
+    channel.destroy()
+    thread.join(5)
+    assert not thread.is_alive() and len(errors) == 1
+    with pytest.raises(ChannelClosed):
+        channel.put(1, key=KEYS[0])
+    with pytest.raises(ChannelClosed):
+        channel.get_async(key=KEYS[0])
+
+
+def test_unknown_key_and_second_consumer_are_refused(channel):
+    with pytest.raises(KeyError, match="carries the keys"):
+        channel.put(1, key=(9, 9))
+    channel.listen([KEYS[0]])
+    other = pickle.loads(pickle.dumps(channel))  # another copy = another "process"
+    with pytest.raises(RuntimeError, match="one consumer per key"):
+        other.listen([KEYS[0]])
+    other.close()
+
+
+@dataclasses.dataclass
+class Shard:
+    name: str
+    values: torch.Tensor
+
+
+def test_torch_and_nested_items_round_trip(channel):
+    key = KEYS[0]
+    channel.listen([key])
+    item = {"shard": Shard("s", torch.arange(6).reshape(2, 3)), "rows": [np.arange(3), "text"]}
+    channel.put(item, key=key)
+    got = channel.get(key=key, timeout=5)
+    assert torch.equal(got["shard"].values, item["shard"].values) and got["shard"].name == "s"
+    np.testing.assert_array_equal(got["rows"][0], np.arange(3))
+    assert got["rows"][1] == "text"
