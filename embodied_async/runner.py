@@ -65,51 +65,48 @@ class Graph:
 
 
 def channel_links(topology: Topology, nodes: Dict[str, Sequence]) -> Dict[str, tuple]:
-    """Per channel: every key it carries and those whose producer and consumer share a node
-    (``nodes``: the node of each worker, per component); ``GraphChannels.create`` sends those
-    point to point and the others through Ray. Weights always go through Ray: they are stored
-    once in its object store for every rollout rank, and one message per update costs nothing."""
-    links: Dict[str, tuple] = {name: ([], []) for name in ("env_outputs", "actions", "trajectories")}
-
-    def add(name, key, producer_node, consumer_node):
-        links[name][0].append(key)
-        if producer_node == consumer_node:
-            links[name][1].append(key)
-
+    """The env <-> rollout channels' keys, and those whose env and rollout workers share a node
+    (``nodes``: the node of each worker, per component): ``GraphChannels.create`` sends those
+    point to point and the others through Ray. They carry one message per decision: what the
+    per-message cost is paid on. Trajectories (one message per rollout) and weights (one per
+    update, stored once in Ray's object store for every rollout rank) go through Ray: a large
+    item in a socket would hold its sender until the consumer reads that very key, and the actor
+    reads the streams in its own order."""
+    links: Dict[str, tuple] = {name: ([], []) for name in ("env_outputs", "actions")}
     for rollout_rank in range(topology.num_rollout_workers):
         rollout_node = nodes["rollout"][rollout_rank]
         for env_rank in topology.env_ranks(rollout_rank):
             for stage in range(topology.stages):
-                add("env_outputs", (env_rank, stage), nodes["env"][env_rank], rollout_node)
-                add("actions", (env_rank, stage), rollout_node, nodes["env"][env_rank])
-        for stage in range(topology.stages):
-            for actor_rank in range(topology.actor_world_size):
-                add("trajectories", (rollout_rank, stage, actor_rank), rollout_node, nodes["actor"][actor_rank])
+                for name in links:
+                    links[name][0].append((env_rank, stage))
+                    if nodes["env"][env_rank] == rollout_node:
+                        links[name][1].append((env_rank, stage))
     return links
 
 
 def build_graph(cfg: TrainConfig, topology: Topology) -> Graph:
     """Create channels and the three worker groups on the topology; start no loop yet."""
     backend = cfg.cluster.backend
-    links = None
+    links, slots = None, {}
     if backend == "ray":
         init_ray(cfg.cluster.num_nodes)
-        if cfg.cluster.channel_transport == "auto":
-            from embodied_async.scheduler.worker_group import worker_slots
+        from embodied_async.scheduler.worker_group import worker_slots
 
-            nodes = {name: [node for node, _ in worker_slots(topology.device_kind, topology.ids(name),
-                                                             cfg.cluster.num_nodes)]
-                     for name in ("env", "rollout", "actor")}
-            links = channel_links(topology, nodes)
+        # computed once: the links below and the workers' pinning must agree on every node
+        slots = {name: worker_slots(topology.device_kind, topology.ids(name), cfg.cluster.num_nodes)
+                 for name in ("env", "rollout", "actor")}
+        if cfg.cluster.channel_transport == "auto":
+            links = channel_links(topology, {name: [node for node, _ in s] for name, s in slots.items()})
     channels = GraphChannels.create(backend, trajectory_depth=VersionGate.from_config(cfg.algorithm).capacity,
                                     links=links)
     common = dict(cfg=cfg, topology=topology, channels=channels)
-    groups = dict(topology=topology, backend=backend, num_nodes=cfg.cluster.num_nodes)
-    env = WorkerGroup("env", EnvWorker, kwargs_for=lambda r: dict(common, rank=r), **groups)
+    groups = dict(topology=topology, backend=backend)
+    env = WorkerGroup("env", EnvWorker, kwargs_for=lambda r: dict(common, rank=r), slots=slots.get("env"), **groups)
     env_spec = env.call_rank(0, "spec").result()
     rollout = WorkerGroup("rollout", RolloutWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec),
-                          **groups)
-    actor = WorkerGroup("actor", ActorWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec), **groups)
+                          slots=slots.get("rollout"), **groups)
+    actor = WorkerGroup("actor", ActorWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec),
+                        slots=slots.get("actor"), **groups)
     host, port = actor.call_rank(0, "master_address").result()
     wait_all(actor.call("init_model", host, port))
     return Graph(env, rollout, actor, channels, env_spec)
@@ -229,6 +226,9 @@ class Runner:
         print(f"[runner] building workers (placement {dict(cfg.cluster.component_placement)}, "
               f"backend {cfg.cluster.backend})", flush=True)
         self.graph = graph = build_graph(cfg, self.topology)
+        if cfg.runner.stop_at_eval_success is not None and not graph.env_spec.reports_success:
+            raise ValueError(f"runner.stop_at_eval_success={cfg.runner.stop_at_eval_success}, but this env reports no "
+                             "success, so it would never stop there: remove runner.stop_at_eval_success")
         if cfg.cluster.backend == "ray" and cfg.cluster.num_nodes > 1:
             # asked from inside each worker: where the processes really run
             self.worker_nodes = {group.name: group.placed_nodes() for group in graph.groups()}
@@ -311,15 +311,16 @@ class Runner:
             interval = cfg.runner.val_check_interval
             self._take_eval(record, wait=last)  # at the end, let an older evaluation finish first
             target = cfg.runner.stop_at_eval_success
-            if not last and target is not None and "eval/success_rate" in record and self.last_eval >= target:
+            reached = not last and target is not None and "eval/success_rate" in record and self.last_eval >= target
+            if reached:  # this record keeps that evaluation: no final one of a later version
                 print(f"[runner] evaluation of version {int(record['eval/version'])} reached success rate "
                       f"{self.last_eval:.3f} >= runner.stop_at_eval_success={target}: stopping", flush=True)
                 last = True
             if last or (cfg.runner.save_interval and step % cfg.runner.save_interval == 0):
                 self._save()  # before the final evaluation, so a failing evaluation loses nothing
-            if interval and (step % interval == 0 or last):
+            if interval and (step % interval == 0 or last) and not reached:
                 self._launch_eval()
-            if last and interval:  # the last record carries the evaluation of the final policy
+            if last and interval and not reached:  # the last record carries the evaluation of the final policy
                 self._take_eval(record, wait=True)
                 print(f"[runner] final eval at step {step}: success rate {self.last_eval:.3f}", flush=True)
             logger.log(record)

@@ -56,12 +56,14 @@ def _counter_path(channel_id: str) -> str:
 
 
 def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
-    """True once ``sock`` is readable, or closed under us (the next operation on it reports that)."""
+    """True once ``sock`` is readable, hung up, or closed under us (the next operation on it then
+    reports that). poll(), not select(): select fails for descriptors from 1024 on."""
     try:
-        readable, _, _ = select.select([sock], [], [], timeout)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
     except (OSError, ValueError):  # closed by another thread: fileno() is -1 or the fd is gone
         return True
-    return bool(readable)
 
 
 class _GetWaiter:
@@ -88,6 +90,7 @@ class _Link:
         self.written = 0  # the last sequence number written into the socket (the earlier ones
         # were written too, or withdrawn by a put that timed out)
         self.unacknowledged = 0  # written, not yet taken by the consumer
+        self.send_error: Optional[Exception] = None  # the connection broke: unsent items are lost
         self.waiters: deque = deque()  # gets waiting for an item, oldest first
 
 
@@ -110,6 +113,7 @@ class DirectChannel:
         self._links_lock = threading.Lock()
         self._counts = None
         self._closed = False
+        self._traffic_lock = threading.Lock()
         self.messages_sent = 0
         self.bytes_sent = 0
 
@@ -184,6 +188,8 @@ class DirectChannel:
 
     def _flush(self, link: _Link, key, until: int, deadline: Optional[float]) -> bool:
         """Write queued items up to sequence number ``until``; False at ``deadline``."""
+        if link.send_error is not None:
+            raise link.send_error
         while link.outbox and link.outbox[0][0] <= until:
             if self._closed:
                 raise self._closed_error(key, "closed")
@@ -199,15 +205,17 @@ class DirectChannel:
                 if self._closed:
                     raise self._closed_error(key, "closed")
             seq, parts = link.outbox.popleft()
+            self._count(key, _SENT, 1)  # before the send: the consumer may count it taken first
             try:
                 _send_all(link.out_sock, parts)
             except OSError as err:
-                raise self._closed_error(key, f"the consumer's end is gone ({err})") from None
+                self._count(key, _SENT, -1)
+                link.send_error = self._closed_error(key, f"the consumer's end is gone ({err})")
+                link.outbox.clear()
+                raise link.send_error from None
             link.written = seq
             link.unacknowledged += 1
-            self.messages_sent += 1
-            self.bytes_sent += sum(len(p) for p in parts)
-            self._count(key, _SENT, 1)
+            self._add_traffic(1, sum(len(p) for p in parts))
         return True
 
     def _enqueue(self, link: _Link, item) -> int:
@@ -277,24 +285,23 @@ class DirectChannel:
 
     def _receive_one(self, link: _Link, key) -> Any:
         sock = link.in_sock
-        sock.settimeout(_FRAME_REST_TIMEOUT_S)
         try:
+            sock.settimeout(_FRAME_REST_TIMEOUT_S)
             body_length, count = _HEADER.unpack(_recv_exact(sock, _HEADER.size, key))
             lengths = [_LENGTH.unpack(_recv_exact(sock, _LENGTH.size, key))[0] for _ in range(count)]
             body = _recv_exact(sock, body_length, key)
             buffers = [_recv_exact(sock, n, key) for n in lengths]
-        except (OSError, EOFError) as err:
-            raise self._closed_error(key, f"the producer's end is gone ({err})") from None
-        finally:
             sock.settimeout(None)
+        except (OSError, EOFError) as err:
+            sock.close()  # possibly mid-frame: the stream cannot be read on from here
+            raise self._closed_error(key, f"the producer's end is gone ({err})") from None
+        self._count(key, _TAKEN, 1)
         if self.maxsize:
             try:
                 sock.sendall(b"\1")
-                self.messages_sent += 1
-                self.bytes_sent += 1
+                self._add_traffic(1, 1)
             except OSError:  # the producer closed after its last item: the item is still ours
                 pass
-        self._count(key, _TAKEN, 1)
         return pickle.loads(body, buffers=buffers)
 
     def _serve(self, link: _Link, key, waiter: _GetWaiter, deadline: Optional[float]) -> bool:
@@ -350,7 +357,9 @@ class DirectChannel:
 
     # ---- the rest of the channel API -----------------------------------------------------------
     def qsize(self, key: Optional[Hashable] = None) -> int:
-        """Items written and not yet taken, for ``key`` or all keys (from any process of the node)."""
+        """Items written and not yet taken, for ``key`` or all keys, from any process of the node
+        the channel was created on (the counts are a file there; direct keys of another node,
+        under a ``RoutedChannel``, count nothing here)."""
         try:
             counts = np.fromfile(_counter_path(self._id), dtype=np.int64).reshape(-1, 2)
         except FileNotFoundError:  # destroyed
@@ -359,7 +368,7 @@ class DirectChannel:
             if key not in self._index:
                 return 0
             counts = counts[self._index[key]:self._index[key] + 1]
-        return int((counts[:, _SENT] - counts[:, _TAKEN]).sum())
+        return int(np.clip(counts[:, _SENT] - counts[:, _TAKEN], 0, None).sum())
 
     def close(self) -> None:
         """Close this process's ends: its later operations fail with ChannelClosed, and so do the
@@ -389,10 +398,16 @@ class DirectChannel:
         travel through a socket, so weights for many ranks go through a ``RayChannel``)."""
         return Shared(value=payload)
 
+    def _add_traffic(self, messages: int, size: int) -> None:
+        with self._traffic_lock:
+            self.messages_sent += messages
+            self.bytes_sent += size
+
     def pop_traffic(self) -> Dict[str, float]:
         """Messages and bytes this process sent since the last call (acknowledgements included)."""
-        sent = {"messages": float(self.messages_sent), "bytes": float(self.bytes_sent)}
-        self.messages_sent = self.bytes_sent = 0
+        with self._traffic_lock:
+            sent = {"messages": float(self.messages_sent), "bytes": float(self.bytes_sent)}
+            self.messages_sent = self.bytes_sent = 0
         return sent
 
 
@@ -426,6 +441,8 @@ class _PutFuture(ChannelFuture):
         link = self._link
         if link.written >= self._seq:
             return True
+        if link.send_error is not None:  # the connection broke before this item was written
+            raise link.send_error
         with link.out_lock:
             return self._channel._flush(link, self._key, self._seq, deadline)
 

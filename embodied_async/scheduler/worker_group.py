@@ -65,7 +65,7 @@ def _alive_nodes(resource: str) -> List[dict]:
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) > 0]
-    nodes.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
+    nodes.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"], n["NodeID"]))
     return nodes
 
 
@@ -118,10 +118,10 @@ def _actor_options(device_kind: str, node_id: str) -> Dict[str, Any]:
 class WorkerGroup:
     """One instance of ``cls`` per device id the topology gives component ``name``;
     ``kwargs_for(rank)`` gives each one's arguments (``device_id`` is added). Under Ray each
-    worker is pinned to the node of its placement id (``worker_slots``)."""
+    worker is pinned to the node of its placement id (``worker_slots``, or the ``slots`` given)."""
 
     def __init__(self, name: str, cls: type, topology, backend: str, kwargs_for: Callable[[int], Dict[str, Any]],
-                 num_nodes: int = 1):
+                 num_nodes: int = 1, slots: Optional[List[tuple]] = None):
         self.name, self.backend = name, backend
         self.device_ids = topology.ids(name)
         device_kind = topology.device_kind
@@ -131,7 +131,7 @@ class WorkerGroup:
         if backend == "ray":
             import ray
 
-            slots = worker_slots(device_kind, self.device_ids, num_nodes)
+            slots = slots if slots is not None else worker_slots(device_kind, self.device_ids, num_nodes)
             self.nodes = [node for node, _ in slots]
             remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
             for rank, (node, local_id) in enumerate(slots):
@@ -202,7 +202,7 @@ def wait_all(pending: List[Pending], watch: Sequence[Pending] = (), timeout: Opt
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         if any(loop.done() for loop in watch):
-            _raise_for_ended_loop(watch)
+            _raise_for_ended_loop(watch, pending)
         if all(p.done() for p in pending):
             return [_result_naming_worker(p) for p in pending]
         if deadline is not None and time.monotonic() > deadline:
@@ -214,23 +214,23 @@ _DIED = ("RayActorError", "ActorDiedError", "ActorUnavailableError")
 CAUSE_GRACE_S = 3.0  # how long a loop that ended waits for the failure that may have caused it
 
 
-def _raise_for_ended_loop(watch: Sequence[Pending]) -> None:
+def _raise_for_ended_loop(watch: Sequence[Pending], pending: Sequence[Pending] = ()) -> None:
     """Name the root cause: a worker whose process died ends its peers' loops as well (a direct
     channel sees the closed socket at once, before Ray reports the death), so a loop that ended
     first gives the others a moment, and a death is reported before the loops it ended."""
     grace_end = time.monotonic() + CAUSE_GRACE_S
+    calls = [*watch, *pending]  # pending: e.g. the actor's update, whose process may be the one that died
     while time.monotonic() < grace_end and not all(loop.done() for loop in watch):
-        _sleep_until_one_is_done([loop for loop in watch if not loop.done()], 0.1)
-        if any(_died(loop) for loop in watch if loop.done()):
+        _sleep_until_one_is_done([call for call in calls if not call.done()], 0.1)
+        if any(_died(call) for call in calls if call.done()):
             break
-    ended = [loop for loop in watch if loop.done()]
-    ended.sort(key=lambda loop: not _died(loop))
-    loop = ended[0]
+    died = [call for call in calls if call.done() and _died(call)]
+    call = (died or [loop for loop in watch if loop.done()])[0]
     try:
-        loop.result()
+        call.result()
     except Exception as err:  # the worker's own error, re-raised with its name
-        raise WorkerFailed(f"{loop.label} failed: {err}") from err
-    raise WorkerFailed(f"{loop.label} stopped unexpectedly")
+        raise WorkerFailed(f"{call.label} failed: {err}") from err
+    raise WorkerFailed(f"{call.label} stopped unexpectedly")
 
 
 def _died(loop: Pending) -> bool:
