@@ -76,7 +76,7 @@ class VectorEnv:
 
     def __init__(self, num_envs: int, num_procs: int, seed: int):
         context = mp.get_context("spawn")
-        self.per_proc = num_envs // num_procs
+        self.num_envs, self.per_proc = num_envs, num_envs // num_procs
         self.pipes, self.procs = [], []
         for p in range(num_procs):
             parent, child = context.Pipe()
@@ -154,16 +154,18 @@ class Agent(nn.Module):
 
 # ---- training ----------------------------------------------------------------------------------
 def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int) -> float:
-    """Success rate of the deterministic policy over ``episodes`` episodes (whole batches)."""
-    obs, done_episodes, successes = envs.reset(), 0, []
-    while done_episodes < episodes:
+    """Success rate of the deterministic policy over ``episodes`` episodes, the same number from
+    every sub-env (the first ``episodes`` to finish would favour short, successful ones)."""
+    per_env = -(-episodes // envs.num_envs)
+    obs, successes = envs.reset(), [[] for _ in range(envs.num_envs)]
+    while min(len(s) for s in successes) < per_env:
         with torch.no_grad():
             actions = agent.actor(norm(obs)).clamp(-1, 1).numpy()
         obs, _, terminated, truncated, success, _ = envs.step(actions)
-        finished = terminated | truncated
-        successes += list(success[finished])
-        done_episodes += int(finished.sum())
-    return float(np.mean(successes[:episodes]))
+        for i in np.flatnonzero(terminated | truncated):
+            if len(successes[i]) < per_env:
+                successes[i].append(bool(success[i]))
+    return float(np.mean([s for env in successes for s in env]))
 
 
 def main() -> None:

@@ -257,6 +257,17 @@ class Runner:
             self.eval_in_flight = self.graph.rollout.call_rank(
                 0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
 
+    def _evaluate_paused(self, record: Dict) -> None:
+        """``runner.eval_pauses_training``: evaluate the version just trained while the graph stands
+        still (no update is asked for, the rollout acts for no env); its seconds are left out of
+        ``train_time_s``."""
+        start = time.time()
+        self.eval_launched_at = self.state["step"]
+        self.eval_in_flight = self.graph.rollout.call_rank(
+            0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs, True, self.state["version"])
+        self._take_eval(record, wait=True)
+        self.state["eval_paused_s"] = self.state.get("eval_paused_s", 0.0) + time.time() - start
+
     def _take_eval(self, record: Dict, wait: bool) -> None:
         """Add a finished evaluation's results to ``record`` (waiting for it when ``wait``)."""
         if self.eval_in_flight is None or not (wait or self.eval_in_flight.done()):
@@ -290,6 +301,8 @@ class Runner:
         cfg, graph = self.cfg, self.graph
         start_time, last_time = time.time(), time.time()
         wall_offset = self.state.get("wall_time_s", 0.0)
+        paused = cfg.runner.eval_pauses_training
+        paused_at_last = self.state.get("eval_paused_s", 0.0)
         while self.state["step"] < cfg.runner.max_steps:
             with deferred_sigint():  # Ctrl-C must not fall between submitting and recording the call
                 self.in_flight = graph.actor.call("train_step")
@@ -297,18 +310,24 @@ class Runner:
             self.state["step"] += 1
             self.state["version"] = int(actor_metrics["train/actor/current_version"]) + 1
             self.in_flight = []
-            now = time.time()
-            record = self._collect_metrics(actor_metrics, now - last_time)
-            last_time = now
+            now, paused_s = time.time(), self.state.get("eval_paused_s", 0.0)
+            # the interval's throughput leaves out a paused evaluation inside it
+            record = self._collect_metrics(actor_metrics, now - last_time - (paused_s - paused_at_last))
+            last_time, paused_at_last = now, paused_s
             self.state["env_steps"] += int(record["env/env_steps"])
             self.state["wall_time_s"] = wall_offset + now - start_time
             record.update(step=self.state["step"], env_steps=self.state["env_steps"],
-                          wall_time_s=self.state["wall_time_s"])
+                          wall_time_s=self.state["wall_time_s"], train_time_s=self.state["wall_time_s"] - paused_s)
             self._accumulate(record)
             step = self.state["step"]
             last = step >= cfg.runner.max_steps or bool(
                 cfg.runner.max_env_steps and self.state["env_steps"] >= cfg.runner.max_env_steps)
             interval = cfg.runner.val_check_interval
+            due = bool(interval) and (step % interval == 0 or last)
+            if paused and due:
+                if last:  # a failing evaluation must not lose the final state
+                    self._save()
+                self._evaluate_paused(record)
             self._take_eval(record, wait=last)  # at the end, let an older evaluation finish first
             target = cfg.runner.stop_at_eval_success
             reached = not last and target is not None and "eval/success_rate" in record and self.last_eval >= target
@@ -316,11 +335,12 @@ class Runner:
                 print(f"[runner] evaluation of version {int(record['eval/version'])} reached success rate "
                       f"{self.last_eval:.3f} >= runner.stop_at_eval_success={target}: stopping", flush=True)
                 last = True
-            if last or (cfg.runner.save_interval and step % cfg.runner.save_interval == 0):
+            if (last or (cfg.runner.save_interval and step % cfg.runner.save_interval == 0)) \
+                    and self.last_saved_step != step:
                 self._save()  # before the final evaluation, so a failing evaluation loses nothing
-            if interval and (step % interval == 0 or last) and not reached:
+            if due and not reached and not paused:
                 self._launch_eval()
-            if last and interval and not reached:  # the last record carries the evaluation of the final policy
+            if last and due and not reached and not paused:  # the last record carries the final policy's evaluation
                 self._take_eval(record, wait=True)
                 print(f"[runner] final eval at step {step}: success rate {self.last_eval:.3f}", flush=True)
             logger.log(record)

@@ -1,7 +1,10 @@
 """Where the time goes: one command measures, back to back on this machine,
 
 1. ``raw_env``: the configured env processes stepping random actions (no policy, no messages),
-   measured again just before each of the runs below (this machine's speed drifts);
+   measured again just before each of the runs below (this machine's speed drifts); with
+   ``--resume CHECKPOINT`` the actions of that trained policy instead, inferred in the env process
+   (a policy that pushes the cube costs the simulator more than random actions: contacts, and
+   episodes that end early and reset), and the graph's runs resume from it;
 2. ``local_sync``: the single-file synchronous PPO baseline (``benchmarks/ppo_pushcube_sync.py``;
    PushCube state recipes only), no Ray;
 3. ``ray_sync``: the recipe's graph with ``algorithm.staleness_threshold=0``;
@@ -17,10 +20,15 @@ Per run: env steps/s in steady state (the first ``--warmup-updates`` updates lef
 component busy / waiting / idle shares, CPU seconds per env step (work and whole process),
 messages and bytes per env step, and the hypervisor's steal share while it ran.
 ``--to-success 0.9 --seeds 0 1 2`` adds, per seed, the env steps and training seconds until an
-evaluation first reached 0.9, for the baseline and the recipe.
+evaluation first reached 0.9, for the baseline and the recipe. Both are timed alike: evaluation
+every ``--eval-every`` updates, 32 episodes, the same number from every sub-env, with the clock
+stopped meanwhile (the recipe with ``runner.eval_pauses_training=true``; ``--eval-beside-training``
+adds runs with its evaluations beside training, as it runs by default). Each recipe run leaves its
+final checkpoint, which ``--resume`` can take.
 
-    .venv/bin/python scripts/benchmark_throughput.py                      # ~10 min on 2 cores
+    .venv/bin/python scripts/benchmark_throughput.py                      # ~5-10 min on 2 cores
     .venv/bin/python scripts/benchmark_throughput.py --to-success 0.9 --seeds 0 1 2 --skip raw_env local_sync ray_sync
+    .venv/bin/python scripts/benchmark_throughput.py --skip raw_env --resume logs/<out>/recipe_seed0/checkpoints/global_step_<N>
 
 Writes ``<out>/throughput.json`` and ``<out>/throughput.png`` (default ``logs/throughput-<time>``).
 """
@@ -70,42 +78,73 @@ def compose(config_name: str, overrides: list):
 
 
 # ---- 1. raw env rate -------------------------------------------------------------------------------
-def _raw_env_process(config_name, overrides, rank, seconds, queue) -> None:
+def _load_policy(cfg, spec, checkpoint: str):
+    """The policy a run saved in ``checkpoint`` (its trainable weights and observation statistics)."""
+    from embodied_async.checkpoint_io import load_tree
+    from embodied_async.registry import build_policy
+
+    policy = build_policy(cfg.model, spec)
+    missing, unexpected = policy.load_state_dict(load_tree(checkpoint, "model"), strict=False)
+    frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
+    if unexpected or [k for k in missing if k not in frozen]:
+        raise RuntimeError(f"{checkpoint} does not fit this recipe's policy: missing {missing[:4]}, "
+                           f"unexpected {unexpected[:4]}")
+    return policy.eval()
+
+
+def _raw_env_process(config_name, overrides, rank, seconds, queue, checkpoint=None) -> None:
     import numpy as np
+    import torch
 
     import envs  # noqa: F401  (env families register themselves; sets rendering defaults)
     from embodied_async.registry import build_env
 
+    torch.set_num_threads(1)  # as in the env workers
     cfg, topology = compose(config_name, overrides)
     rng = np.random.default_rng(rank)
     built = [build_env(cfg.env, topology.envs_per_stage, 1000 * rank + s) for s in range(topology.stages)]
-    for env in built:
-        env.reset()
+    outputs = [env.reset() for env in built]
     spec = built[0].spec
     low = np.asarray(spec.action_low or [-1.0] * spec.action_dim, np.float32)
     high = np.asarray(spec.action_high or [1.0] * spec.action_dim, np.float32)
     shape = (topology.envs_per_stage, cfg.env.num_action_chunks, spec.action_dim)
+    policy = _load_policy(cfg, spec, checkpoint) if checkpoint else None
+    sim_cpu = [0.0]
+
+    def actions_for(out):
+        if policy is None:
+            return rng.uniform(low, high, size=shape).astype(np.float32)
+        # the trained policy's sampled actions, as the rollout draws them (its statistics frozen)
+        return policy.predict({k: v for k, v in out.obs.items()}, mode="train").actions.numpy()
 
     def step_all():
-        for env in built:
-            env.step(rng.uniform(low, high, size=shape).astype(np.float32))
+        for stage, env in enumerate(built):
+            actions = actions_for(outputs[stage])
+            start = time.thread_time()
+            outputs[stage] = env.step(actions)
+            sim_cpu[0] += time.thread_time() - start
 
     step_all()  # warm-up
+    sim_cpu[0] = 0.0
     steps, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
     while time.perf_counter() - wall0 < seconds:
         step_all()
         steps += topology.envs_per_stage * topology.stages * cfg.env.num_action_chunks
-    queue.put({"env_steps": steps, "cpu_s": time.thread_time() - cpu0, "wall_s": time.perf_counter() - wall0})
+    queue.put({"env_steps": steps, "cpu_s": time.thread_time() - cpu0, "sim_cpu_s": sim_cpu[0],
+               "wall_s": time.perf_counter() - wall0})
     for env in built:
         env.close()
 
 
-def measure_raw_env(config_name: str, overrides: list, seconds: float) -> Dict:
-    """The env workers' processes stepping at once, as in training, with random actions."""
+def measure_raw_env(config_name: str, overrides: list, seconds: float, checkpoint: Optional[str] = None) -> Dict:
+    """The env workers' processes stepping at once, as in training, with random actions, or with
+    the actions of the policy in ``checkpoint`` (inferred in the same process: no messages). A
+    policy that pushes the cube makes contacts and ends episodes early (resets): its simulation
+    costs more per step than random flailing."""
     _, topology = compose(config_name, overrides)
     context = mp.get_context("spawn")
     queue = context.Queue()
-    procs = [context.Process(target=_raw_env_process, args=(config_name, overrides, r, seconds, queue))
+    procs = [context.Process(target=_raw_env_process, args=(config_name, overrides, r, seconds, queue, checkpoint))
              for r in range(topology.num_env_workers)]
     for p in procs:
         p.start()
@@ -114,15 +153,19 @@ def measure_raw_env(config_name: str, overrides: list, seconds: float) -> Dict:
         p.join()
     steps = sum(p["env_steps"] for p in parts)
     wall = max(p["wall_s"] for p in parts)
-    return {"processes": len(parts), "env_steps": steps, "env_steps_per_s": round(steps / wall, 1),
-            "sim_cpu_ms_per_env_step": round(1000 * sum(p["cpu_s"] for p in parts) / steps, 3)}
+    out = {"processes": len(parts), "env_steps": steps, "env_steps_per_s": round(steps / wall, 1),
+           "sim_cpu_ms_per_env_step": round(1000 * sum(p["sim_cpu_s"] for p in parts) / steps, 3),
+           "actions": "policy" if checkpoint else "random"}
+    if checkpoint:
+        out["inference_cpu_ms_per_env_step"] = round(1000 * sum(p["cpu_s"] - p["sim_cpu_s"] for p in parts) / steps, 3)
+    return out
 
 
 # ---- 2. the single-file baseline -------------------------------------------------------------------
 def run_baseline(args, seed: int, env_steps: Optional[int], target: Optional[float], log: str) -> Dict:
     script = os.path.join(REPO_ROOT, "benchmarks", "ppo_pushcube_sync.py")
     cmd = [sys.executable, script, "--seed", str(seed), "--json", log + ".json"]
-    cmd += ["--target-success", str(target), "--env-steps", "400000"] if target else \
+    cmd += ["--target-success", str(target), "--env-steps", "400000", "--eval-every", str(args.eval_every)] if target else \
         ["--env-steps", str(env_steps), "--eval-every", "0"]
     with open(log + ".log", "w") as out:
         subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, check=True)
@@ -187,15 +230,43 @@ def summarize_run(records: List[Dict], warmup: int, cores: int, workers: Dict[st
 
 def time_to_success(records: List[Dict], target: float) -> Optional[Dict]:
     """When the first evaluation at or above ``target`` was of a policy: the env steps and training
-    seconds of the update that produced the evaluated version."""
+    seconds of the update that produced the evaluated version (``train_time_s``: paused
+    evaluations left out, as the baseline's clock leaves its evaluations out)."""
     by_step = {r["step"]: r for r in records}
     for r in records:
         if r.get("eval/success_rate") is not None and r["eval/success_rate"] >= target:
             version = int(r["eval/version"])
             produced = by_step.get(version, r)
-            return {"env_steps": produced["env_steps"], "train_s": round(produced["wall_time_s"], 2),
-                    "update": version, "eval_success": r["eval/success_rate"]}
+            return {"env_steps": produced["env_steps"], "train_s": round(produced["train_time_s"], 2),
+                    "wall_s": round(produced["wall_time_s"], 2), "update": version,
+                    "eval_success": r["eval/success_rate"]}
     return None
+
+
+def time_recipe_to_success(args, seed: int, out_dir: str, eval_beside_training: bool) -> Optional[Dict]:
+    """One run of the recipe until an evaluation reaches ``args.to_success``. By default its
+    evaluations pause the graph and its clock, as the baseline's do; ``eval_beside_training``: they
+    run beside training (the recipe's default), and their CPU is paid out of training's."""
+    name = f"recipe_eval_beside_seed{seed}" if eval_beside_training else f"recipe_seed{seed}"
+    overrides = [*args.overrides, f"runner.seed={seed}", "runner.max_steps=400",
+                 f"runner.stop_at_eval_success={args.to_success}", f"runner.val_check_interval={args.eval_every}",
+                 f"runner.eval_pauses_training={not eval_beside_training}", "runner.save_interval=0",
+                 "runner.logger.tensorboard=false"]
+    return time_to_success(run_recipe(args.config, overrides, os.path.join(out_dir, name)), args.to_success)
+
+
+def success_means(runs: Dict) -> Dict:
+    """Mean env steps and training seconds to the target per loop, over the seeds that reached it."""
+    means = {}
+    for loop, by_seed in runs.items():
+        if not isinstance(by_seed, dict) or loop == "means":
+            continue
+        reached = [r for r in by_seed.values() if r]
+        if reached:
+            means[loop] = {"seeds_reached": len(reached), "of_seeds": len(by_seed),
+                           "env_steps": round(sum(r["env_steps"] for r in reached) / len(reached)),
+                           "train_s": round(sum(r["train_s"] for r in reached) / len(reached), 2)}
+    return means
 
 
 # ---- report ----------------------------------------------------------------------------------------
@@ -250,6 +321,13 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=PHASES)
     parser.add_argument("--to-success", type=float, default=None, help="also time runs until eval >= this")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0])
+    parser.add_argument("--eval-every", type=int, default=10, help="updates between evaluations (both loops)")
+    parser.add_argument("--eval-beside-training", action="store_true",
+                        help="also time the recipe with its evaluations beside training (its default)")
+    parser.add_argument("--resume", default=None, metavar="CHECKPOINT",
+                        help="a trained checkpoint of the recipe: the graph's runs resume from it and the raw env "
+                             "steps with its policy's actions (steady state of a policy that pushes the cube; the "
+                             "single-file baseline cannot resume it and is left out)")
     parser.add_argument("--out", default=None)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the recipe")
     args = parser.parse_args()
@@ -271,6 +349,15 @@ def main() -> None:
     phases = report["phases"]
     common = [f"runner.max_env_steps={args.env_steps}", "runner.max_steps=1000000", "runner.val_check_interval=0",
               "runner.save_interval=0", "runner.logger.tensorboard=false"]
+    if args.resume:
+        args.skip = [*args.skip, "local_sync"]
+        with open(os.path.join(args.resume, "runner.json")) as f:
+            resumed = json.load(f)
+        per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
+        updates = -(-args.env_steps // per_update)
+        common = [f"runner.resume_dir={os.path.abspath(args.resume)}", f"runner.max_steps={resumed['step'] + updates}",
+                  "runner.val_check_interval=0", "runner.save_interval=0", "runner.logger.tensorboard=false"]
+        report["resumed_from"] = {"checkpoint": args.resume, "step": resumed["step"], "env_steps": resumed["env_steps"]}
     runs = {"ray_sync": ["algorithm.staleness_threshold=0"], "ray_async": [],
             "ray_async_relayed": ["cluster.channel_transport=ray"]}
     todo = [p for p in PHASES if p not in args.skip and (p != "ray_async_relayed" or args.relayed)]
@@ -283,7 +370,7 @@ def main() -> None:
         # its own raw env measurement just before it, and its limit from that.
         print(f"[benchmark] raw_env before {phase} ...", flush=True)
         before = cpu_times()
-        raw = measure_raw_env(args.config, args.overrides, args.raw_seconds)
+        raw = measure_raw_env(args.config, args.overrides, args.raw_seconds, args.resume)
         raw["steal_share"] = steal_share(before, cpu_times())
         raw_runs.append(raw)
         if phase == "raw_env":
@@ -352,12 +439,13 @@ def main() -> None:
                 report["time_to_success"]["baseline"][seed] = result["reached"]
                 print(f"[benchmark] baseline seed {seed}: {result['reached']}", flush=True)
             print(f"[benchmark] recipe to {args.to_success}, seed {seed} ...", flush=True)
-            records = run_recipe(args.config, [*args.overrides, f"runner.seed={seed}", "runner.max_steps=400",
-                                               f"runner.stop_at_eval_success={args.to_success}",
-                                               "runner.save_interval=0", "runner.logger.tensorboard=false"],
-                                 os.path.join(out_dir, f"recipe_seed{seed}"))
-            report["time_to_success"]["recipe"][seed] = time_to_success(records, args.to_success)
+            report["time_to_success"]["recipe"][seed] = time_recipe_to_success(args, seed, out_dir, False)
             print(f"[benchmark] recipe seed {seed}: {report['time_to_success']['recipe'][seed]}", flush=True)
+            if args.eval_beside_training:
+                beside = report["time_to_success"].setdefault("recipe_eval_beside_training", {})
+                beside[seed] = time_recipe_to_success(args, seed, out_dir, True)
+                print(f"[benchmark] recipe (evaluation beside training) seed {seed}: {beside[seed]}", flush=True)
+        report["time_to_success"]["means"] = success_means(report["time_to_success"])
 
     with open(os.path.join(out_dir, "throughput.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -207,6 +207,11 @@ class RunnerConfig:
     # stop earlier once an evaluation's success rate reaches this (needs val_check_interval > 0)
     stop_at_eval_success: Optional[float] = None
     val_check_interval: int = 10  # evaluate every N steps (0 disables)
+    # False: an evaluation runs beside training (in the rollout process, on its own envs). True:
+    # the graph stands still while it runs (the rollout acts for no env, the actor starts no
+    # update), it scores the version just trained, and `train_time_s` in the metrics leaves it out,
+    # as a synchronous loop's clock does (scripts/benchmark_throughput.py times runs this way)
+    eval_pauses_training: bool = False
     eval_episodes: int = 32
     eval_num_envs: int = 8
     # write evaluation episodes as mp4 (+ a JSON of instruction, success and step rewards) under

@@ -58,6 +58,9 @@ class RolloutWorker:
         self.timer = BusyTimer()
         self.clock = ProcessClock()
         self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
+        # held by the loop while it swaps weights and acts, and by an evaluation that pauses
+        # training for its whole length: the env workers then wait for actions, and stand still
+        self._acting = threading.Lock()
         self._stop = threading.Event()
         self._eval_env = None
         self._weight_future = None
@@ -227,10 +230,11 @@ class RolloutWorker:
                 for stage in range(len(self.buffers)):
                     if parked[stage] is None:
                         parked[stage] = self._receive(stage)
-                    self._poll_weights()
-                    if self._may_act(stage):
-                        self._act(stage, parked[stage])
-                        parked[stage] = None
+                    with self._acting:
+                        self._poll_weights()
+                        if self._may_act(stage):
+                            self._act(stage, parked[stage])
+                            parked[stage] = None
                 if all(p is not None for p in parked):
                     with self.timer.section("wait"):
                         self._wait_for_weights()
@@ -247,8 +251,23 @@ class RolloutWorker:
                                   self.action_channel, self.actor_channel)}
 
     # ---- evaluation and state --------------------------------------------------------------
-    def evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:
-        """Deterministic actions on this worker's own eval envs; every sub-env runs the same count."""
+    def evaluate(self, num_episodes: int, num_envs: int, pause_training: bool = False,
+                 min_version: int = -1) -> Dict[str, float]:
+        """Deterministic actions on this worker's own eval envs; every sub-env runs the same count.
+
+        ``pause_training``: the loop acts for no env while it runs (``runner.eval_pauses_training``),
+        once this worker holds weights of ``min_version`` or newer (the version just trained).
+        """
+        if not pause_training:
+            return self._evaluate(num_episodes, num_envs)
+        while self.version < min_version:  # the loop swaps the new weights in between its steps
+            if self._stop.is_set():
+                raise Stopped
+            self._stop.wait(0.001)
+        with self._acting:
+            return self._evaluate(num_episodes, num_envs)
+
+    def _evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:
         if self._eval_env is None:
             env_cfg = self.cfg.env
             if self.cfg.runner.eval_video:

@@ -163,3 +163,49 @@ def test_weights_arriving_during_a_shared_evaluation_wait_for_its_end(make_confi
     assert worker.version == 2  # swaps go on while the copy is evaluated
     evaluation.join(timeout=60)
     worker.close()
+
+
+@pytest.mark.parametrize("pauses", [True, False])
+def test_a_paused_evaluation_stops_the_graph_and_the_clock(make_config, monkeypatch, pauses):
+    """runner.eval_pauses_training: while an evaluation runs no env steps (beyond the one in
+    flight per env worker), it scores the version just trained, and train_time_s leaves its
+    seconds out. Beside training (the default) the envs go on stepping meanwhile."""
+    import threading
+    import time
+
+    from embodied_async.workers.env_worker import EnvWorker
+    from embodied_async.workers.rollout_worker import RolloutWorker
+
+    stepped, lock, during = [0], threading.Lock(), []
+    sanitize, run_evaluation = EnvWorker._sanitize, RolloutWorker._run_evaluation
+
+    def counting_sanitize(self, stage, out):  # a slow simulator: collection outlasts an update
+        time.sleep(0.02)
+        with lock:
+            stepped[0] += 1
+        return sanitize(self, stage, out)
+
+    def slow_evaluation(self, *args):
+        before = stepped[0]
+        time.sleep(0.4)
+        during.append(stepped[0] - before)
+        return run_evaluation(self, *args)
+
+    monkeypatch.setattr(EnvWorker, "_sanitize", counting_sanitize)
+    monkeypatch.setattr(RolloutWorker, "_run_evaluation", slow_evaluation)
+    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+                      "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
+                      "runner.max_steps=4", "runner.val_check_interval=2", "runner.save_interval=0",
+                      f"runner.eval_pauses_training={str(pauses).lower()}")
+    assert Runner(cfg).run()["step"] == 4
+    records = train_records(read_records(cfg))
+    evaluated = [r for r in records if "eval/success_rate" in r]
+    if pauses:
+        assert during and all(steps <= 1 for steps in during)  # one env worker, one step in flight
+        assert [(r["step"], r["eval/version"]) for r in evaluated] == [(2, 2.0), (4, 4.0)]
+        # the pause after step 2 is inside the wall time of steps 3 and 4, not their training time
+        assert records[2]["wall_time_s"] - records[2]["train_time_s"] >= 0.4
+        assert records[0]["train_time_s"] == records[0]["wall_time_s"]
+    else:
+        assert any(steps > 1 for steps in during)
+        assert all(r["train_time_s"] == r["wall_time_s"] for r in records)

@@ -1,0 +1,60 @@
+"""The benchmark scripts' own arithmetic: what they time and how they score an evaluation."""
+
+import importlib.util
+import os
+
+import numpy as np
+
+from conftest import REPO_ROOT
+
+
+def load_script(*path):
+    spec = importlib.util.spec_from_file_location(path[-1][:-3], os.path.join(REPO_ROOT, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ShortSuccessEnvs:
+    """Sub-env 0 succeeds every 2 steps; the others fail at a 10-step time limit."""
+
+    num_envs = 4
+
+    def __init__(self):
+        self.t = 0
+
+    def reset(self):
+        self.t = 0
+        return np.zeros((self.num_envs, 3), np.float32)
+
+    def step(self, actions):
+        self.t += 1
+        terminated = np.array([self.t % 2 == 0, False, False, False])
+        truncated = np.array([False] + [self.t % 10 == 0] * 3)
+        success = terminated.copy()
+        obs = np.zeros((self.num_envs, 3), np.float32)
+        return obs, np.zeros(self.num_envs, np.float32), terminated, truncated, success, obs
+
+
+def test_the_baseline_scores_the_same_number_of_episodes_from_every_sub_env():
+    """The first 8 episodes to finish would be sub-env 0's 5 quick successes and 3 failures (0.625);
+    two from each sub-env are 2 successes in 8 (0.25)."""
+    baseline = load_script("benchmarks", "ppo_pushcube_sync.py")
+    agent, norm = baseline.Agent(3, 2), baseline.RunningMeanStd(3)
+    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=8) == 0.25
+
+
+def test_time_to_success_reads_the_update_that_made_the_evaluated_version():
+    bench = load_script("scripts", "benchmark_throughput.py")
+    records = [{"step": 1, "env_steps": 800, "wall_time_s": 2.0, "train_time_s": 2.0},
+               {"step": 2, "env_steps": 1600, "wall_time_s": 5.0, "train_time_s": 4.0, "eval/success_rate": 0.5,
+                "eval/version": 2.0},
+               {"step": 3, "env_steps": 2400, "wall_time_s": 8.0, "train_time_s": 6.0},
+               {"step": 4, "env_steps": 3200, "wall_time_s": 11.0, "train_time_s": 8.0, "eval/success_rate": 0.95,
+                "eval/version": 3.0}]
+    reached = bench.time_to_success(records, 0.9)
+    assert reached == {"env_steps": 2400, "train_s": 6.0, "wall_s": 8.0, "update": 3, "eval_success": 0.95}
+    assert bench.time_to_success(records, 0.99) is None
+    means = bench.success_means({"target": 0.9, "baseline": {0: {"env_steps": 100, "train_s": 1.0}, 1: None,
+                                                              2: {"env_steps": 300, "train_s": 3.0}}})
+    assert means == {"baseline": {"seeds_reached": 2, "of_seeds": 3, "env_steps": 200, "train_s": 2.0}}
