@@ -251,20 +251,19 @@ class Runner:
         for key in ("time/env", "time/rollout", "time/actor_training"):
             self.totals[key] = self.totals.get(key, 0.0) + metrics.get(key, 0.0)
 
-    def _launch_eval(self) -> None:
+    def _launch_eval(self, pause_training: bool = False) -> None:
         if self.eval_in_flight is None:
             self.eval_launched_at = self.state["step"]
             self.eval_in_flight = self.graph.rollout.call_rank(
-                0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs)
+                0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs, pause_training,
+                self.state["version"])
 
     def _evaluate_paused(self, record: Dict) -> None:
         """``runner.eval_pauses_training``: evaluate the version just trained while the graph stands
         still (no update is asked for, the rollout acts for no env); its seconds are left out of
         ``train_time_s``."""
         start = time.time()
-        self.eval_launched_at = self.state["step"]
-        self.eval_in_flight = self.graph.rollout.call_rank(
-            0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs, True, self.state["version"])
+        self._launch_eval(pause_training=True)
         self._take_eval(record, wait=True)
         self.state["eval_paused_s"] = self.state.get("eval_paused_s", 0.0) + time.time() - start
 

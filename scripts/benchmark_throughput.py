@@ -115,7 +115,7 @@ def _raw_env_process(config_name, overrides, rank, seconds, queue, checkpoint=No
         if policy is None:
             return rng.uniform(low, high, size=shape).astype(np.float32)
         # the trained policy's sampled actions, as the rollout draws them (its statistics frozen)
-        return policy.predict({k: v for k, v in out.obs.items()}, mode="train").actions.numpy()
+        return policy.predict(out.obs, mode="train").actions.numpy()
 
     def step_all():
         for stage, env in enumerate(built):
