@@ -255,8 +255,8 @@ class LocalChannel:
         return Shared(value=payload)
 
     def pop_traffic(self) -> Dict[str, float]:
-        """Messages and bytes sent between processes: none in process."""
-        return {"messages": 0.0, "bytes": 0.0}
+        """Messages and bytes sent between processes, connections refused: none in process."""
+        return {"messages": 0.0, "bytes": 0.0, "refused_connections": 0.0}
 
     def listen(self, keys: Sequence[Hashable]) -> None:
         """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
@@ -442,9 +442,10 @@ class RayChannel:
 
     def pop_traffic(self) -> Dict[str, float]:
         """Messages (each call and its reply) and payload bytes this process's copy moved since
-        the last call: an item crosses twice, into the channel's actor and out of it."""
+        the last call: an item crosses twice, into the channel's actor and out of it. Ray's own
+        token authentication guards who may call the actor: no connection is ours to refuse."""
         with self._lock:
-            sent = {"messages": float(self._messages), "bytes": float(self._bytes)}
+            sent = {"messages": float(self._messages), "bytes": float(self._bytes), "refused_connections": 0.0}
             self._messages = self._bytes = 0
         return sent
 

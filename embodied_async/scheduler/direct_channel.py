@@ -14,26 +14,31 @@ one consumer process: the consumer declares its keys (``listen``, or its first `
 producer's first ``put`` connects to it (waiting until it listens). The consumer's end going away (closed, process ended) reaches the producer as
 ``ChannelClosed``, and the other way round. ``qsize`` works from any process of the node: the
 counts live in a small shared file.
+
+Only the run's own processes can deliver items, and only message types are unpickled (how:
+``channel_access.py``); a refused connection is counted and reported once per key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
+import shutil
 import socket
 import struct
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections import deque
 from typing import Any, Dict, Hashable, List, Optional, Sequence
 
 import numpy as np
 
 from embodied_async.scheduler.channel import ChannelClosed, ChannelFuture, Shared
+from embodied_async.scheduler.channel_access import (accept_producer, connect_to_consumer, load_frame, new_channel,
+                                                     open_listener, socket_path, stop_listening)
 
 __all__ = ["DirectChannel"]
 
@@ -44,15 +49,8 @@ _FRAME_REST_TIMEOUT_S = 60.0  # once a frame has begun, the rest is already on i
 _SENT, _TAKEN = 0, 1
 
 
-def _socket_address(channel_id: str, index: int):
-    if sys.platform.startswith("linux"):  # abstract namespace: no file to clean up after a crash
-        return f"\0embodied_async-{channel_id}-{index}"
-    return os.path.join(tempfile.gettempdir(), f"ea-{channel_id}-{index}.sock")
-
-
-def _counter_path(channel_id: str) -> str:
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(folder, f"embodied_async-{channel_id}.counts")
+def _counter_path(folder: str) -> str:
+    return os.path.join(folder, "counts")
 
 
 def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
@@ -71,6 +69,11 @@ class _GetWaiter:
 
     def __init__(self):
         self.item, self.error, self.done = None, None, False
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.item
 
 
 class _Link:
@@ -92,18 +95,22 @@ class _Link:
         self.unacknowledged = 0  # written, not yet taken by the consumer
         self.send_error: Optional[Exception] = None  # the connection broke: unsent items are lost
         self.waiters: deque = deque()  # gets waiting for an item, oldest first
+        self.refused = 0  # connections to this key's listener that failed the checks
 
 
 class DirectChannel:
     """Keyed point-to-point channel over Unix sockets; picklable, so it can be passed to workers.
 
-    ``keys``: every key the channel will carry (each becomes one socket pair).
+    ``keys``: every key the channel will carry (each becomes one socket pair). Made by
+    ``create``, which draws the channel's folder and secret; a copy carries both (keep copies
+    inside the run: whoever holds one may deliver items).
     """
 
-    def __init__(self, name: str, keys: Sequence[Hashable], maxsize: int, channel_id: str):
+    def __init__(self, name: str, keys: Sequence[Hashable], maxsize: int, folder: str, secret: bytes):
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
-        self.name, self.maxsize, self._id = name, maxsize, channel_id
+        self.name, self.maxsize, self._folder, self._secret = name, maxsize, folder, secret
+        self._id = os.path.basename(folder)
         self._keys = list(keys)
         self._init_process_state()
 
@@ -116,20 +123,21 @@ class DirectChannel:
         self._traffic_lock = threading.Lock()
         self.messages_sent = 0
         self.bytes_sent = 0
+        self.refused_connections = 0
 
     @classmethod
     def create(cls, name: str, keys: Sequence[Hashable], maxsize: int = 0) -> "DirectChannel":
-        channel_id = f"{name}-{uuid.uuid4().hex[:8]}"
-        counts = np.memmap(_counter_path(channel_id), dtype=np.int64, mode="w+", shape=(max(1, len(keys)), 2))
+        """A new channel: its folder (mode 0700, a random name, on this node) and its secret."""
+        folder, secret = new_channel(name)
+        counts = np.memmap(_counter_path(folder), dtype=np.int64, mode="w+", shape=(max(1, len(keys)), 2))
         counts.flush()
-        return cls(name, keys, maxsize, channel_id)
+        return cls(name, keys, maxsize, folder, secret)
 
     def __getstate__(self):
-        return {"name": self.name, "keys": self._keys, "maxsize": self.maxsize, "id": self._id}
+        return (self.name, self._keys, self.maxsize, self._folder, self._secret)
 
     def __setstate__(self, state):
-        self.name, self._keys, self.maxsize, self._id = state["name"], state["keys"], state["maxsize"], state["id"]
-        self._init_process_state()
+        self.__init__(*state)
 
     # ---- per-key state ------------------------------------------------------------------------
     def _link(self, key) -> _Link:
@@ -146,7 +154,7 @@ class DirectChannel:
     def _count(self, key, column: int, delta: int) -> None:
         if self._counts is None:
             try:
-                self._counts = np.memmap(_counter_path(self._id), dtype=np.int64, mode="r+",
+                self._counts = np.memmap(_counter_path(self._folder), dtype=np.int64, mode="r+",
                                          shape=(max(1, len(self._keys)), 2))
             except FileNotFoundError:  # destroyed by its creator while this process shuts down
                 self._counts = np.zeros((max(1, len(self._keys)), 2), dtype=np.int64)
@@ -157,15 +165,17 @@ class DirectChannel:
 
     # ---- producer side -------------------------------------------------------------------------
     def _connect(self, link: _Link, key, deadline: Optional[float]) -> bool:
-        """Connect to the consumer; False if it is not listening yet by ``deadline``."""
+        """Connect to the consumer and prove that this process belongs to the run; False if the
+        consumer is not listening yet by ``deadline``."""
         while link.out_sock is None:
             if self._closed:
                 raise self._closed_error(key, "closed")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.connect(_socket_address(self._id, self._index[key]))
-            except (ConnectionRefusedError, FileNotFoundError):
-                sock.close()
+                sock = connect_to_consumer(self._folder, self._index[key], self._secret, self._id,
+                                           f"channel {self.name!r} key {key!r}")
+            except OSError as err:  # connected, and gone before the proof was written
+                raise self._closed_error(key, f"the consumer's end is gone ({err})") from None
+            if sock is None:  # not listening yet
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 time.sleep(0.01)
@@ -253,18 +263,16 @@ class DirectChannel:
     # ---- consumer side -------------------------------------------------------------------------
     def _listen(self, link: _Link, key) -> None:
         if link.listener is None and link.in_sock is None:
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address = _socket_address(self._id, self._index[key])
-            if not address.startswith("\0") and os.path.exists(address):
-                os.unlink(address)
-            try:
-                listener.bind(address)
-            except OSError as err:
-                listener.close()
-                raise RuntimeError(f"channel {self.name!r} key {key!r}: another process already receives this key "
-                                   f"({err}); a direct channel has one consumer per key") from None
-            listener.listen(1)
-            link.listener = listener
+            link.listener = open_listener(self._folder, self._index[key], f"channel {self.name!r} key {key!r}")
+
+    def _count_refusal(self, link: _Link, key, why: str) -> None:
+        link.refused += 1
+        with self._traffic_lock:
+            self.refused_connections += 1
+        if link.refused == 1:  # once per key: a peer that keeps trying must not flood the log
+            print(f"[channel] warning: refused a connection to channel {self.name!r} key {key!r} from {why}; it was "
+                  "closed unread (only this run's processes may connect; traffic/*_refused_connections counts them)",
+                  file=sys.stderr, flush=True)
 
     def _accept(self, link: _Link, key, deadline: Optional[float]) -> bool:
         while link.in_sock is None:
@@ -274,16 +282,21 @@ class DirectChannel:
             wait = _POLL_SLICE_S if remaining is None else min(remaining, _POLL_SLICE_S)
             if _wait_readable(link.listener, wait):
                 try:
-                    link.in_sock, _ = link.listener.accept()
+                    sock, why = accept_producer(link.listener, self._secret, self._id, self._index[key])
                 except OSError as err:
                     raise self._closed_error(key, f"closed ({err})") from None
-                link.listener.close()
+                if why is not None:
+                    self._count_refusal(link, key, why)
+                    continue
+                link.in_sock = sock
+                stop_listening(link.listener, self._folder, self._index[key])
                 link.listener = None
             elif deadline is not None and time.monotonic() >= deadline:
                 return False
         return True
 
-    def _receive_one(self, link: _Link, key) -> Any:
+    def _receive_one(self, link: _Link, key):
+        """The next frame, read whole (its pickle and its buffers), and acknowledged."""
         sock = link.in_sock
         try:
             sock.settimeout(_FRAME_REST_TIMEOUT_S)
@@ -302,7 +315,7 @@ class DirectChannel:
                 self._add_traffic(1, 1)
             except OSError:  # the producer closed after its last item: the item is still ours
                 pass
-        return pickle.loads(body, buffers=buffers)
+        return body, buffers
 
     def _serve(self, link: _Link, key, waiter: _GetWaiter, deadline: Optional[float]) -> bool:
         """Read items for the waiting gets, oldest first, until ``waiter`` has one."""
@@ -317,9 +330,13 @@ class DirectChannel:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 continue
-            item = self._receive_one(link, key)
+            body, buffers = self._receive_one(link, key)
             oldest = link.waiters.popleft()
-            oldest.item, oldest.done = item, True
+            try:
+                oldest.item = load_frame(body, buffers)
+            except Exception as err:  # this item is lost, the link is not: the frame was read whole
+                oldest.error = err
+            oldest.done = True
         return True
 
     def listen(self, keys: Sequence[Hashable]) -> None:
@@ -353,7 +370,7 @@ class DirectChannel:
             if not self._serve(link, key, waiter, deadline):
                 link.waiters.remove(waiter)
                 raise TimeoutError(f"channel {self.name!r} key {key!r}: get timed out after {timeout} s")
-            return waiter.item
+            return waiter.result()
 
     # ---- the rest of the channel API -----------------------------------------------------------
     def qsize(self, key: Optional[Hashable] = None) -> int:
@@ -361,7 +378,7 @@ class DirectChannel:
         the channel was created on (the counts are a file there; direct keys of another node,
         under a ``RoutedChannel``, count nothing here)."""
         try:
-            counts = np.fromfile(_counter_path(self._id), dtype=np.int64).reshape(-1, 2)
+            counts = np.fromfile(_counter_path(self._folder), dtype=np.int64).reshape(-1, 2)
         except FileNotFoundError:  # destroyed
             return 0
         if key is not None:
@@ -375,23 +392,23 @@ class DirectChannel:
         peers' operations on the keys it served."""
         self._closed = True
         with self._links_lock:
-            links = list(self._links.values())
-        for link in links:
-            for sock in (link.out_sock, link.listener, link.in_sock):
+            links = list(self._links.items())
+        for key, link in links:
+            if link.listener is not None:  # still listening: the socket's name is ours to remove
+                stop_listening(link.listener, self._folder, self._index[key])
+            for sock in (link.out_sock, link.in_sock):
                 if sock is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
                     sock.close()
+        with contextlib.suppress(OSError):  # the last process to close on a node removes the folder there (it is empty then)
+            os.rmdir(self._folder)
 
     def destroy(self) -> None:
-        """Close, and remove the shared counts (call once, from the process that created it)."""
+        """Close, and remove the channel's folder on this node (call once, from the process that
+        created it, when the run ends)."""
         self.close()
-        try:
-            os.unlink(_counter_path(self._id))
-        except FileNotFoundError:
-            pass
+        shutil.rmtree(self._folder, ignore_errors=True)
 
     def share(self, payload: Any) -> Shared:
         """``payload`` by value: every receiver gets its own copy (a Ray object handle cannot
@@ -404,10 +421,12 @@ class DirectChannel:
             self.bytes_sent += size
 
     def pop_traffic(self) -> Dict[str, float]:
-        """Messages and bytes this process sent since the last call (acknowledgements included)."""
+        """Messages and bytes this process sent since the last call (acknowledgements included),
+        and the connections it refused (peers that failed the checks; see the module's notes)."""
         with self._traffic_lock:
-            sent = {"messages": float(self.messages_sent), "bytes": float(self.bytes_sent)}
-            self.messages_sent = self.bytes_sent = 0
+            sent = {"messages": float(self.messages_sent), "bytes": float(self.bytes_sent),
+                    "refused_connections": float(self.refused_connections)}
+            self.messages_sent = self.bytes_sent = self.refused_connections = 0
         return sent
 
 
@@ -471,7 +490,7 @@ class _GetFuture(ChannelFuture):
     def result(self, timeout: Optional[float] = None):
         if not self._advance(None if timeout is None else time.monotonic() + timeout):
             raise TimeoutError(f"channel operation not done after {timeout} s")
-        return self._waiter.item
+        return self._waiter.result()
 
     def done(self) -> bool:
         try:

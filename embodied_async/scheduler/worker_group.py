@@ -9,9 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from embodied_async.private_files import private_ray_token, ray_temp_dir
 
 
 class WorkerFailed(RuntimeError):
@@ -41,7 +44,16 @@ class Pending:
 
 
 def init_ray(num_nodes: int) -> None:
-    """Start Ray here, or attach to a running cluster (RAY_ADDRESS set, or several nodes)."""
+    """Start Ray here, or attach to a running cluster (RAY_ADDRESS set, or several nodes).
+
+    A Ray instance started here asks every client for its token (``RAY_AUTH_MODE=token``, Ray's
+    default for local instances from 2.59 on; a warning says when it is off; its token file readable
+    by this user alone: ``private_files.private_ray_token``) and keeps its session
+    (sockets, logs, runtime envs, which Ray makes world-writable) in a folder only this user may
+    enter (``private_files.ray_temp_dir``). A cluster we attach to is as safe as it was started:
+    without token authentication anyone who reaches its ports runs code as its user (README,
+    "Shared machines and clusters").
+    """
     import ray
 
     if ray.is_initialized():
@@ -49,12 +61,20 @@ def init_ray(num_nodes: int) -> None:
     address = os.environ.get("RAY_ADDRESS") or ("auto" if num_nodes > 1 else None)
     kwargs: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if address is None:
+        private_ray_token()
+        kwargs["_temp_dir"] = ray_temp_dir()
         kwargs["num_cpus"] = max(os.cpu_count() or 1, 4)
         # Ray keeps an event record of every call in its GCS daemon, up to 100k by default: over a
         # long run that grew it by ~250 MB (scripts/soak.py). Our actors opt out of the records
         # (enable_task_events=False); the bound covers whatever else records them.
         kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": 1000}
     ray.init(address=address, **kwargs)
+    auth = os.environ.get("RAY_AUTH_MODE", "").lower()  # Ray sets it when it turns token auth on itself
+    if auth != "token":
+        where = "the Ray instance this run started" if address is None else f"the Ray cluster at {address}"
+        print(f"[runner] warning: RAY_AUTH_MODE is {auth or 'unset'}: {where} does not ask its clients for a token, so "
+              "any process that reaches its ports can run code as this user. Start Ray with RAY_AUTH_MODE=token "
+              "(README, 'Shared machines and clusters')", file=sys.stderr, flush=True)
     # Ray swaps the driver's SIGINT handler for its own, which swallows Ctrl-C while we wait on
     # workers; restore Python's so Ctrl-C raises KeyboardInterrupt and the runner can save.
     if threading.current_thread() is threading.main_thread():

@@ -82,15 +82,16 @@ class ProcessClock:
 def process_metrics(component: str, clock: ProcessClock, work_cpu_s: float, *channels) -> Dict[str, float]:
     """A worker's CPU accounting since the last call: ``cpu/<component>_work`` (the CPU its own
     work took: simulation, inference, training), ``cpu/<component>_process`` (the whole process:
-    work plus messaging, Ray's threads, polling) and the traffic it sent through ``channels``.
-    Workers of one component are added up."""
+    work plus messaging, Ray's threads, polling), the traffic it sent through ``channels`` and the
+    connections to its channels it refused (peers that are not the run's processes). Workers of
+    one component are added up."""
     process = clock.pop()
-    out = {f"cpu/{component}_work": work_cpu_s, f"cpu/{component}_process": process["cpu"],
-           f"traffic/{component}_messages": 0.0, f"traffic/{component}_bytes": 0.0}
+    out = {f"cpu/{component}_work": work_cpu_s, f"cpu/{component}_process": process["cpu"]}
+    for what in ("messages", "bytes", "refused_connections"):
+        out[f"traffic/{component}_{what}"] = 0.0
     for channel in channels:
-        sent = channel.pop_traffic()
-        out[f"traffic/{component}_messages"] += sent["messages"]
-        out[f"traffic/{component}_bytes"] += sent["bytes"]
+        for what, count in channel.pop_traffic().items():
+            out[f"traffic/{component}_{what}"] += count
     return out
 
 

@@ -1,0 +1,38 @@
+"""A whole training run (the default recipe, a few updates) on a machine where other processes keep
+trying to connect to every socket the run opens and to deliver a pickle that would create a file:
+one of our own uid (without the run's secret) and, where the tests run as root, one of another
+user. The run completes, the file never appears, and the refused attempts show in the metrics."""
+
+import os
+
+import pytest
+
+from conftest import run_recipe
+from local_users import NOBODY, outcomes, start_intruder
+
+
+@pytest.mark.slow
+def test_a_training_run_completes_while_intruders_keep_trying(tmp_path):
+    marker = tmp_path / "executed"
+    # each keeps trying until it is told to stop (10 minutes at most)
+    intruders = {"same uid": start_intruder(marker, "frame", 600)}
+    if os.getuid() == 0:
+        intruders["uid 65534"] = start_intruder(marker, "frame", 600, uid=NOBODY)
+    try:
+        _, records = run_recipe("maniskill_async_ppo_mlp", tmp_path / "run", "runner.max_steps=3",
+                                "runner.val_check_interval=0", "runner.save_interval=3")
+    finally:
+        for proc in intruders.values():
+            proc.terminate()
+        tries = {who: outcomes(proc) for who, proc in intruders.items()}
+    assert not marker.exists(), "an intruder's pickle was executed"
+    assert [r["step"] for r in records] == [1, 2, 3]
+    refused = sum(value for r in records for key, value in r.items() if key.endswith("_refused_connections"))
+    tried = {who: sum(len(attempts) for attempts in by_socket.values()) for who, by_socket in tries.items()}
+    # the same-uid intruder got in before some producer and was refused by the proof
+    assert refused >= 1 and tried["same uid"] > 10, (refused, tries)
+    sent = sum(attempts.count("sent") for attempts in tries["same uid"].values())
+    assert refused <= sent  # every refusal is one of its connections
+    if "uid 65534" in tries:  # the other user never even connected: the folder keeps it out
+        other = {outcome for attempts in tries["uid 65534"].values() for outcome in attempts}
+        assert tried["uid 65534"] > 10 and other <= {"PermissionError", "FileNotFoundError"}, tries["uid 65534"]
