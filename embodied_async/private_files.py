@@ -15,7 +15,7 @@ import stat
 import sys
 import tempfile
 
-__all__ = ["FolderRefused", "check_log_folder", "private_folder", "private_ray_token", "ray_temp_dir"]
+__all__ = ["FolderRefused", "make_log_folder", "private_folder", "private_ray_token", "ray_temp_dir"]
 
 
 class FolderRefused(RuntimeError):
@@ -54,11 +54,16 @@ def ray_temp_dir() -> str:
     """Where a Ray instance started by this run keeps its session (sockets, logs, runtime envs):
     ``<tmp>/embodied_async-<uid>/ray``. Ray makes its own folders world-writable (mode 0777, so
     that users can share /tmp/ray); inside our private folder nobody else can reach them. <tmp> is
-    Ray's own choice: $RAY_TMPDIR, else $TMPDIR, else /tmp."""
+    Ray's own choice: $RAY_TMPDIR, else $TMPDIR, else /tmp. Anyone can make that name first (and
+    in a sticky /tmp we could not remove theirs): then a fresh private folder of a random name."""
     system_tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or (
         "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir())
     parent = os.path.join(system_tmp, f"embodied_async-{os.getuid()}")
-    private_folder(parent)
+    try:
+        private_folder(parent)
+    except FolderRefused as err:
+        parent = tempfile.mkdtemp(prefix=f"embodied_async-{os.getuid()}-", dir=system_tmp)  # mode 0700
+        print(f"[runner] warning: {err}. Ray's session goes to {parent} instead", file=sys.stderr, flush=True)
     return os.path.join(parent, "ray")
 
 
@@ -89,16 +94,15 @@ def private_ray_token() -> None:
         token.write(secrets.token_hex(32))
 
 
-def check_log_folder(path: str) -> None:
-    """The run writes metrics and checkpoints into ``path`` (and a later run may resume from
-    them): it must be ours and not writable by other users, who could otherwise swap a checkpoint
-    or plant a link that our next write follows."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return  # made by the run itself, with the user's umask
-    if stat.S_ISLNK(info.st_mode):
-        info = os.stat(path)  # a link the user made to their own folder is fine; what it points to is checked
+def make_log_folder(path: str) -> None:
+    """Make the run's log folder (with the user's umask), or check the one that is there: the run
+    writes metrics and checkpoints into it and a later run may resume from them, so it must be
+    ours and not writable by other users, who could otherwise swap a checkpoint or plant a link
+    that our next write follows. A link to it must be ours too."""
+    os.makedirs(path, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) and info.st_uid == os.getuid():
+        info = os.stat(path)  # a link the user made to a folder of theirs
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & stat.S_IWOTH:
         raise FolderRefused(
             f"refusing the log folder {path}: it must be a directory of uid {os.getuid()} that other users cannot "

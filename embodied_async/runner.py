@@ -24,7 +24,7 @@ from embodied_async.config import Topology, TrainConfig, resolve_topology
 from embodied_async.contracts import EnvSpec
 from embodied_async.evaluation import write_videos
 from embodied_async.metrics import MetricLogger, pool_env_metrics, print_progress, progress_line
-from embodied_async.private_files import check_log_folder
+from embodied_async.private_files import make_log_folder
 from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerGroup, init_ray, wait_all
 from embodied_async.workers.actor_worker import ActorWorker
@@ -204,7 +204,7 @@ class Runner:
         self.cfg = cfg
         self.topology = topology if topology is not None else resolve_topology(cfg)
         self.log_path = cfg.runner.logger.log_path
-        check_log_folder(self.log_path)
+        make_log_folder(self.log_path)
         self.checkpoint_root = os.path.join(self.log_path, "checkpoints")
         self.state = read_resume_state(cfg.runner.resume_dir)
         if cfg.runner.resume_dir:

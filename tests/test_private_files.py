@@ -6,7 +6,8 @@ import stat
 
 import pytest
 
-from embodied_async.private_files import FolderRefused, check_log_folder, private_folder, private_ray_token
+from embodied_async.private_files import (FolderRefused, make_log_folder, private_folder, private_ray_token,
+                                          ray_temp_dir)
 from local_users import NOBODY
 
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a folder to another user (CI runs as root)")
@@ -20,7 +21,26 @@ def test_a_folder_of_another_user_is_refused(tmp_path):
     with pytest.raises(FolderRefused, match=f"uid {NOBODY}"):
         private_folder(str(theirs))
     with pytest.raises(FolderRefused, match="log folder"):
-        check_log_folder(str(theirs))
+        make_log_folder(str(theirs))
+    their_link = tmp_path / "their-link"
+    private_folder(str(tmp_path / "mine"))
+    their_link.symlink_to(tmp_path / "mine")
+    os.lchown(their_link, NOBODY, NOBODY)  # they could point it elsewhere after we looked
+    with pytest.raises(FolderRefused, match=f"a link of uid {NOBODY}"):
+        make_log_folder(str(their_link))
+
+
+@as_root
+def test_rays_folder_made_first_by_another_user_is_avoided(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    planted = tmp_path / f"embodied_async-{os.getuid()}"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, NOBODY, NOBODY)
+    chosen = ray_temp_dir()
+    parent = os.path.dirname(chosen)
+    assert parent != str(planted) and os.path.basename(parent).startswith(f"embodied_async-{os.getuid()}-")
+    assert stat.S_IMODE(os.lstat(parent).st_mode) == 0o700 and os.lstat(parent).st_uid == os.getuid()
+    assert str(planted) in capfd.readouterr().err
 
 
 def test_a_log_folder_others_can_write_to_is_refused(tmp_path):
@@ -28,10 +48,11 @@ def test_a_log_folder_others_can_write_to_is_refused(tmp_path):
     shared.mkdir()
     os.chmod(shared, 0o777)
     with pytest.raises(FolderRefused, match="runner.logger.log_path"):
-        check_log_folder(str(shared))
+        make_log_folder(str(shared))
     os.chmod(shared, 0o775)  # a group's folder is the user's choice
-    check_log_folder(str(shared))
-    check_log_folder(str(tmp_path / "not-yet"))
+    make_log_folder(str(shared))
+    make_log_folder(str(tmp_path / "not-yet" / "run"))
+    assert (tmp_path / "not-yet" / "run").is_dir()  # made now: nobody can plant it before the run writes
 
 
 @pytest.fixture

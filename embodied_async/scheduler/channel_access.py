@@ -19,8 +19,9 @@ proof. A peer of our uid that never proves itself holds the consumer for at most
 ``PROOF_TIMEOUT_S`` per try.
 
 Frames are then loaded by an unpickler that admits only what the graph sends (defence in depth,
-should a peer ever get past the checks): numpy arrays, scalars and dtypes, plain containers and
-the message dataclasses of ``embodied_async.data``. Anything else, ``os.system`` or a torch tensor
+should a peer ever get past the checks): arrays of plain dtypes and numpy scalars (as raw bytes
+with a dtype string, rebuilt here), plain containers and the message dataclasses of
+``embodied_async.data``. Anything else, ``os.system``, numpy's own rebuilders or a torch tensor
 alike, is refused by name before it is imported or called.
 """
 
@@ -40,11 +41,13 @@ import tempfile
 import time
 from typing import Any, List, Optional, Tuple
 
+import numpy as np
+
 from embodied_async import data as messages
 from embodied_async.private_files import private_folder
 
-__all__ = ["PROOF_TIMEOUT_S", "accept_producer", "connect_to_consumer", "load_frame", "new_channel", "open_listener",
-           "socket_path", "stop_listening"]
+__all__ = ["PROOF_TIMEOUT_S", "accept_producer", "connect_to_consumer", "dump_frame", "load_frame", "new_channel",
+           "open_listener", "socket_path", "stop_listening"]
 
 _PROOF = struct.Struct("<4s16s32s")  # magic, the producer's nonce, HMAC-SHA256 (``_proof_digest``)
 _PROOF_MAGIC = b"EAC1"
@@ -55,9 +58,11 @@ _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def new_channel(name: str) -> Tuple[str, bytes]:
-    """A new channel's folder for its sockets and counts (mode 0700, a random name, in /dev/shm,
-    else the temp folder; short: a socket's path may have at most 107 bytes) and its secret."""
-    parent = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    """A new channel's folder for its sockets and counts (mode 0700, a random name, in
+    $EMBODIED_ASYNC_CHANNEL_DIR, else /dev/shm, else the temp folder; short: a socket's path may
+    have at most 107 bytes) and its secret."""
+    parent = os.environ.get("EMBODIED_ASYNC_CHANNEL_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm")
+                                                              else tempfile.gettempdir())
     label = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:24]
     while True:
         folder = os.path.join(parent, f"embodied_async-{label}-{secrets.token_hex(8)}")
@@ -186,14 +191,52 @@ def _check_producer(sock: socket.socket, secret: bytes, channel_id: str, index: 
     return None
 
 
-# What a frame may name, besides the dataclasses of ``embodied_async.data``: numpy's own
-# rebuilders (arrays travel as out-of-band buffers; non-contiguous and object arrays and scalars
-# through these) and a few plain builtins. Nothing here runs code or reads files.
+# Arrays and numpy scalars travel as (raw bytes, dtype string, shape) and are rebuilt by the two
+# functions below, never by numpy's own rebuilders: those take a dtype's internal state as given,
+# so a forged frame could make an array whose object field points anywhere in memory.
+_PLAIN_KINDS = frozenset("biufcmMSU")  # numbers, bools, dates and durations, bytes, text
+
+
+def _plain_dtype(spec: str) -> np.dtype:
+    dtype = np.dtype(spec)
+    if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
+        raise TypeError(f"a direct channel carries arrays of plain dtypes (numbers, bools, dates, bytes, text), not "
+                        f"{dtype!r}: send objects in lists, records as separate arrays")
+    return dtype
+
+
+def _rebuild_array(data: Any, spec: str, shape: Tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(data, dtype=_plain_dtype(spec)).reshape(shape)  # writable: data is a bytearray
+
+
+def _rebuild_scalar(spec: str, data: bytes) -> np.generic:
+    return np.frombuffer(data, dtype=_plain_dtype(spec))[0]
+
+
+class _FramePickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, np.ndarray):
+            spec = _plain_dtype(obj.dtype.str).str
+            raw = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)  # bytes out of band, never pickled
+            return _rebuild_array, (pickle.PickleBuffer(raw), spec, obj.shape)
+        if isinstance(obj, np.generic):
+            return _rebuild_scalar, (_plain_dtype(obj.dtype.str).str, obj.tobytes())
+        return NotImplemented
+
+
+def dump_frame(item: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
+    """``item`` as a frame: its pickle and the raw buffers of its arrays (``TypeError`` for an
+    array of objects or records, which the consumer could not load)."""
+    buffers: List[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    _FramePickler(stream, protocol=5, buffer_callback=buffers.append).dump(item)
+    return stream.getvalue(), buffers
+
+
+# What a frame may name, besides the dataclasses of ``embodied_async.data``: the two rebuilders
+# above and a few plain builtins. Nothing here runs code, reads files or takes a raw pointer.
 _ADMITTED_GLOBALS = frozenset({
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    *((module, "_frombuffer") for module in ("numpy.core.numeric", "numpy._core.numeric")),
-    *((module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
-      for name in ("_reconstruct", "scalar")),
+    (__name__, "_rebuild_array"), (__name__, "_rebuild_scalar"),
     *(("builtins", name) for name in ("set", "frozenset", "bytearray", "complex", "slice")),
     ("collections", "OrderedDict"),
 })
@@ -212,7 +255,7 @@ class _MessageUnpickler(pickle.Unpickler):
             if isinstance(found, type) and dataclasses.is_dataclass(found) and found.__module__ == module:
                 return found
         raise pickle.UnpicklingError(
-            f"a direct channel carries numpy arrays, plain containers and the messages of {_MESSAGE_MODULE}; "
+            f"a direct channel carries arrays, plain containers and the messages of {_MESSAGE_MODULE}; "
             f"this frame names {module}.{name}, which is refused (a new message type goes in {_MESSAGE_MODULE})")
 
 

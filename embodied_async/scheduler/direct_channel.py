@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import select
 import shutil
 import socket
@@ -37,8 +36,8 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.scheduler.channel import ChannelClosed, ChannelFuture, Shared
-from embodied_async.scheduler.channel_access import (accept_producer, connect_to_consumer, load_frame, new_channel,
-                                                     open_listener, socket_path, stop_listening)
+from embodied_async.scheduler.channel_access import (accept_producer, connect_to_consumer, dump_frame, load_frame,
+                                                     new_channel, open_listener, socket_path, stop_listening)
 
 __all__ = ["DirectChannel"]
 
@@ -229,8 +228,7 @@ class DirectChannel:
         return True
 
     def _enqueue(self, link: _Link, item) -> int:
-        buffers: List[pickle.PickleBuffer] = []
-        body = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
+        body, buffers = dump_frame(item)
         raws = [b.raw() for b in buffers]
         header = _HEADER.pack(len(body), len(raws)) + b"".join(_LENGTH.pack(r.nbytes) for r in raws)
         link.queued += 1
@@ -287,6 +285,8 @@ class DirectChannel:
                     raise self._closed_error(key, f"closed ({err})") from None
                 if why is not None:
                     self._count_refusal(link, key, why)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return False  # a stream of refused peers must not outlast the get's timeout
                     continue
                 link.in_sock = sock
                 stop_listening(link.listener, self._folder, self._index[key])

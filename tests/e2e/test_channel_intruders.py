@@ -4,6 +4,8 @@ one of our own uid (without the run's secret) and, where the tests run as root, 
 user. The run completes, the file never appears, and the refused attempts show in the metrics."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -12,12 +14,17 @@ from local_users import NOBODY, outcomes, start_intruder
 
 
 @pytest.mark.slow
-def test_a_training_run_completes_while_intruders_keep_trying(tmp_path):
+def test_a_training_run_completes_while_intruders_keep_trying(tmp_path, monkeypatch):
     marker = tmp_path / "executed"
+    # the run's channel folders go under a folder of this test's, which any user may enter (as
+    # /dev/shm): the intruders attack this run's sockets alone, not other runs on the machine
+    parent = tempfile.mkdtemp(prefix="intruded-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.chmod(parent, 0o755)
+    monkeypatch.setenv("EMBODIED_ASYNC_CHANNEL_DIR", parent)
     # each keeps trying until it is told to stop (10 minutes at most)
-    intruders = {"same uid": start_intruder(marker, "frame", 600)}
+    intruders = {"same uid": start_intruder(marker, "frame", 600, parent)}
     if os.getuid() == 0:
-        intruders["uid 65534"] = start_intruder(marker, "frame", 600, uid=NOBODY)
+        intruders["uid 65534"] = start_intruder(marker, "frame", 600, parent, uid=NOBODY)
     try:
         _, records = run_recipe("maniskill_async_ppo_mlp", tmp_path / "run", "runner.max_steps=3",
                                 "runner.val_check_interval=0", "runner.save_interval=3")
@@ -25,6 +32,7 @@ def test_a_training_run_completes_while_intruders_keep_trying(tmp_path):
         for proc in intruders.values():
             proc.terminate()
         tries = {who: outcomes(proc) for who, proc in intruders.items()}
+        shutil.rmtree(parent, ignore_errors=True)
     assert not marker.exists(), "an intruder's pickle was executed"
     assert [r["step"] for r in records] == [1, 2, 3]
     refused = sum(value for r in records for key, value in r.items() if key.endswith("_refused_connections"))

@@ -63,8 +63,8 @@ def test_the_sockets_live_in_a_folder_only_we_can_enter(channel):
 @as_root
 def test_another_user_cannot_reach_the_socket(channel, tmp_path):
     marker = tmp_path / "executed"
-    attempts = intrude(marker, "frame", uid=NOBODY)
-    assert attempts[channel_socket(channel)] == ["PermissionError"]  # found it, could not connect
+    attempts = intrude(marker, "frame", channel._folder, uid=NOBODY)
+    assert attempts == {channel_socket(channel): ["PermissionError"]}  # found it, could not connect
     assert_own_producer_gets_through(channel, marker)
     assert channel.pop_traffic()["refused_connections"] == 0  # the kernel refused it: nothing reached us
 
@@ -74,8 +74,8 @@ def test_another_user_is_refused_by_uid_where_the_folder_would_let_it_in(channel
     marker = tmp_path / "executed"
     os.chmod(channel._folder, 0o711)  # as if the folder did not keep others out
     os.chmod(channel_socket(channel), 0o777)
-    attempts = intrude(marker, "frame", uid=NOBODY)
-    assert attempts[channel_socket(channel)] == ["sent"]  # connected and sent its frame
+    attempts = intrude(marker, "frame", channel._folder, uid=NOBODY)
+    assert attempts == {channel_socket(channel): ["sent"]}  # connected and sent its frame
     os.chmod(channel._folder, 0o700)  # our producer checks the folder before it connects
     assert_own_producer_gets_through(channel, marker)
     assert channel.pop_traffic()["refused_connections"] == 1
@@ -85,22 +85,18 @@ def test_another_user_is_refused_by_uid_where_the_folder_would_let_it_in(channel
 def test_our_uid_without_the_secret_is_refused_before_a_frame_is_read(channel, tmp_path, capfd, monkeypatch):
     monkeypatch.setattr(channel_access, "PROOF_TIMEOUT_S", 0.5)
     marker = tmp_path / "executed"
-    assert intrude(marker, "frame")[channel_socket(channel)] == ["sent"]
-    assert intrude(marker, "forged")[channel_socket(channel)] == ["sent"]
-    silent = start_intruder(marker, "silent", 0)  # holds its connection, sends nothing
-    for line in silent.stdout:  # (it also tries whatever other runs' sockets this machine has)
-        if line.split() == ["connected", channel_socket(channel)]:
-            break
-    else:
-        raise AssertionError("the silent intruder never connected")
+    assert intrude(marker, "frame", channel._folder) == {channel_socket(channel): ["sent"]}
+    assert intrude(marker, "forged", channel._folder) == {channel_socket(channel): ["sent"]}
+    silent = start_intruder(marker, "silent", 0, channel._folder)  # holds its connection, sends nothing
+    assert silent.stdout.readline().split() == ["connected", channel_socket(channel)]
     assert_own_producer_gets_through(channel, marker)
-    assert outcomes(silent)[channel_socket(channel)] == ["sent"]
+    assert outcomes(silent) == {channel_socket(channel): ["sent"]}
     assert channel.pop_traffic()["refused_connections"] == 3
     err = capfd.readouterr().err
     assert err.count("refused a connection") == 1  # logged once per key, counted every time
     # the real producer was accepted: the key stops listening and its socket's name is gone
     assert not os.path.exists(channel_socket(channel))
-    assert intrude(marker, "frame")[channel_socket(channel)] == ["FileNotFoundError"]  # still listed, gone
+    assert intrude(marker, "frame", channel._folder) == {channel_socket(channel): ["FileNotFoundError"]}  # listed, gone
 
 
 def test_another_run_of_the_same_user_cannot_cross_wires(channel, tmp_path):

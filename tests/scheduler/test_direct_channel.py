@@ -170,8 +170,8 @@ def test_unknown_key_and_second_consumer_are_refused(channel):
 
 
 def test_message_items_round_trip(channel):
-    """What the graph sends: its message dataclasses, numpy arrays of every layout (non-contiguous,
-    strings, objects, records, scalars) and plain containers."""
+    """What the graph sends: its message dataclasses, arrays of every plain dtype and layout
+    (non-contiguous, 0-d, empty, text, dates), numpy scalars and plain containers."""
     key = KEYS[0]
     channel.listen([key])
     obs = {"states": np.arange(12, dtype=np.float32).reshape(4, 3), "main_images": np.zeros((4, 2, 2, 3), np.uint8),
@@ -179,8 +179,9 @@ def test_message_items_round_trip(channel):
     item = {
         "output": EnvOutput.after_reset(obs, 4),
         "action": ActionMessage(np.arange(24, dtype=np.float32).reshape(4, 2, 3)[:, :, ::2]),
-        "rows": [np.array(["a", "bc"]), np.array([1, "x", None], dtype=object), np.float32(2.5), np.bool_(True)],
-        "record": np.zeros(2, dtype=[("a", "f4"), ("b", "i8")]),
+        "arrays": [np.array(["a", "bc"]), np.array(3.5), np.zeros((0, 3), np.int64), np.array([True, False]),
+                   np.array(["2020-01-01"], dtype="datetime64[D]"), np.arange(6, dtype=">i4").reshape(2, 3).T],
+        "scalars": [np.float32(2.5), np.bool_(True), np.str_("text"), np.int64(-7)],
         "plain": (1, 2.0, b"raw", None, {1, 2}, frozenset([3]), complex(1, 2), slice(1, 5)),
     }
     channel.put(item, key=key)
@@ -188,9 +189,22 @@ def test_message_items_round_trip(channel):
     np.testing.assert_array_equal(got["output"].obs["states"], obs["states"])
     assert got["output"].obs["task_descriptions"] == obs["task_descriptions"]
     np.testing.assert_array_equal(got["action"].actions, item["action"].actions)
-    np.testing.assert_array_equal(got["rows"][0], item["rows"][0])
-    assert list(got["rows"][1]) == [1, "x", None] and got["rows"][2] == np.float32(2.5) and got["rows"][3]
-    assert got["record"].dtype == item["record"].dtype and got["plain"] == item["plain"]
+    for sent, received in zip(item["arrays"], got["arrays"]):
+        assert received.dtype == sent.dtype and received.shape == sent.shape
+        np.testing.assert_array_equal(received, sent)
+    assert got["scalars"] == item["scalars"] and [type(v) for v in got["scalars"]] == [type(v) for v in item["scalars"]]
+    assert got["plain"] == item["plain"]
+    got["arrays"][0][0] = "z"  # arrays arrive writable
+
+
+def test_arrays_of_objects_or_records_are_refused_when_put(channel):
+    key = KEYS[0]
+    channel.listen([key])
+    for item in (np.array([1, "x", None], dtype=object), np.zeros(2, dtype=[("a", "f4"), ("b", "i8")])):
+        with pytest.raises(TypeError, match="plain dtypes"):
+            channel.put({"rows": item}, key=key)
+    channel.put(np.ones(2), key=key)  # nothing half-sent: the link goes on
+    np.testing.assert_array_equal(channel.get(key=key, timeout=5), np.ones(2))
 
 
 @dataclasses.dataclass
@@ -198,9 +212,17 @@ class Shard:
     name: str
 
 
+class NumpysOwnPickle:
+    """An array pickled by numpy's own reduction, as any sender could write it."""
+
+    def __reduce__(self):
+        return np.arange(3).__reduce_ex__(5)
+
+
 @pytest.mark.parametrize("item, named", [
     (torch.arange(3), "torch"),  # a tensor's pickle calls torch's loaders: not a message type here
     (Shard("s"), "test_direct_channel.Shard"),  # a class outside embodied_async.data
+    (NumpysOwnPickle(), "numpy"),  # numpy's rebuilders trust the dtype state a frame gives them
 ])
 def test_items_of_other_types_are_refused_by_name(channel, item, named):
     key = KEYS[0]

@@ -4,10 +4,11 @@ and sends what a channel frame looks like, carrying a pickle that would create `
 anything unpickled it. Standard library only: the tests run it as another user with the system's
 Python, from its source (``python -c``), so it needs no access to the checkout.
 
-    python -c "$(cat intruder.py)" MARKER MODE SECONDS
+    python -c "$(cat intruder.py)" MARKER MODE SECONDS PREFIX
 MODE: ``frame`` (a frame straight away), ``forged`` (a proof made with a guessed secret, then a
 frame), ``silent`` (connects, says so on a line, and sends nothing for 2 s). SECONDS: how long to keep trying (0:
-one pass), or until it is sent SIGTERM. Prints, on its last line, JSON: for each socket, every
+one pass), or until it is sent SIGTERM. PREFIX: only sockets whose path starts with it (the test's
+own, not other runs on the machine). Prints, on its last line, JSON: for each socket, every
 attempt's outcome ("sent", or the error's name).
 """
 
@@ -20,7 +21,7 @@ import struct
 import sys
 import time
 
-marker, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+marker, mode, seconds, prefix = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 
 
 class Payload:
@@ -37,7 +38,7 @@ def channel_sockets():
         next(table)
         for line in table:
             fields = line.split()
-            if len(fields) >= 8 and "embodied_async" in fields[7]:
+            if len(fields) >= 8 and "embodied_async" in fields[7] and fields[7].startswith(prefix):
                 yield fields[7]
 
 

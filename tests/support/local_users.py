@@ -22,11 +22,12 @@ def python_for(uid: int) -> str:
     raise AssertionError(f"no Python interpreter that uid {uid} may run")
 
 
-def start_intruder(marker, mode: str, seconds: float, uid=None) -> subprocess.Popen:
-    """The intruder in the background (``uid``: another user's; None: ours)."""
+def start_intruder(marker, mode: str, seconds: float, within: str, uid=None) -> subprocess.Popen:
+    """The intruder in the background, trying the sockets under the folder ``within`` (``uid``:
+    another user's; None: ours)."""
     as_user = {} if uid is None else dict(user=uid, group=uid, extra_groups=[])
     python = sys.executable if uid is None else python_for(uid)
-    return subprocess.Popen([python, "-c", INTRUDER, str(marker), mode, str(seconds)], cwd="/",
+    return subprocess.Popen([python, "-c", INTRUDER, str(marker), mode, str(seconds), str(within)], cwd="/",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **as_user)
 
 
@@ -37,6 +38,6 @@ def outcomes(proc: subprocess.Popen, timeout: float = 60) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
-def intrude(marker, mode: str, uid=None) -> dict:
-    """One pass of the intruder over the sockets it finds."""
-    return outcomes(start_intruder(marker, mode, 0, uid))
+def intrude(marker, mode: str, within: str, uid=None) -> dict:
+    """One pass of the intruder over the sockets it finds under ``within``."""
+    return outcomes(start_intruder(marker, mode, 0, within, uid))
