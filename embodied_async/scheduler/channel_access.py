@@ -12,7 +12,8 @@ cross wires):
 - before any frame, the producer proves it holds the channel's secret (32 random bytes drawn when
   the channel is created, which reach the workers only inside the channel object, through Ray):
   an HMAC-SHA256 of the channel, the key and a fresh nonce. A consumer accepts one producer per
-  key and then stops listening, so a proof cannot be replayed.
+  key and then stops listening, so a proof opens one connection only (and only a process that
+  could read the producer's memory anyway could record it: root, or our own uid).
 
 A connection that fails a check is closed before anything it sent is read beyond the fixed-size
 proof. A peer of our uid that never proves itself holds the consumer for at most

@@ -27,7 +27,8 @@ def test_a_training_run_completes_while_intruders_keep_trying(tmp_path, monkeypa
         intruders["uid 65534"] = start_intruder(marker, "frame", 600, parent, uid=NOBODY)
     try:
         _, records = run_recipe("maniskill_async_ppo_mlp", tmp_path / "run", "runner.max_steps=3",
-                                "runner.val_check_interval=0", "runner.save_interval=3")
+                                "runner.val_check_interval=0", "env.num_envs=4", "rollout.num_steps=8",
+                                "actor.global_batch_size=32", "actor.micro_batch_size=32", "algorithm.update_epochs=1")
     finally:
         for proc in intruders.values():
             proc.terminate()
