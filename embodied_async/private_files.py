@@ -23,7 +23,8 @@ class FolderRefused(RuntimeError):
 
 
 def _describe(info: os.stat_result) -> str:
-    kind = "a directory" if stat.S_ISDIR(info.st_mode) else ("a link" if stat.S_ISLNK(info.st_mode) else "not a directory")
+    kind = ("a directory" if stat.S_ISDIR(info.st_mode) else
+            "a link" if stat.S_ISLNK(info.st_mode) else "not a directory")
     return f"{kind} of uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o}"
 
 

@@ -411,7 +411,6 @@ class Runner:
 
     def run(self) -> Dict[str, float]:
         """Train to ``runner.max_steps``; saves the last completed step on a normal end and on Ctrl-C."""
-        os.makedirs(self.log_path, exist_ok=True)
         logger = MetricLogger(self.log_path, self.cfg.runner.logger.tensorboard)
         try:
             self._start()

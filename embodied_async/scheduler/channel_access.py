@@ -47,7 +47,7 @@ import numpy as np
 from embodied_async import data as messages
 from embodied_async.private_files import private_folder
 
-__all__ = ["PROOF_TIMEOUT_S", "accept_producer", "connect_to_consumer", "dump_frame", "load_frame", "new_channel",
+__all__ = ["PROOF_TIMEOUT_S", "accept_producer", "close_socket", "connect_to_consumer", "dump_frame", "load_frame", "new_channel",
            "open_listener", "socket_path", "stop_listening"]
 
 _PROOF = struct.Struct("<4s16s32s")  # magic, the producer's nonce, HMAC-SHA256 (``_proof_digest``)
@@ -65,14 +65,7 @@ def new_channel(name: str) -> Tuple[str, bytes]:
     parent = os.environ.get("EMBODIED_ASYNC_CHANNEL_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm")
                                                               else tempfile.gettempdir())
     label = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:24]
-    while True:
-        folder = os.path.join(parent, f"embodied_async-{label}-{secrets.token_hex(8)}")
-        try:
-            os.mkdir(folder, 0o700)
-            break
-        except FileExistsError:  # someone else's: draw another name
-            continue
-    private_folder(folder, create=False)
+    folder = tempfile.mkdtemp(prefix=f"embodied_async-{label}-", dir=parent)  # made anew with mode 0700
     return folder, secrets.token_bytes(32)
 
 
@@ -106,22 +99,23 @@ def accept_producer(listener: socket.socket, secret: bytes, channel_id: str,
     why = _check_producer(sock, secret, channel_id, index)
     if why is None:
         return sock, None
+    close_socket(sock)
+    return None, why
+
+
+def close_socket(sock: socket.socket) -> None:
+    """Shut down, then close: a shutdown also wakes a thread waiting on the socket."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
     sock.close()
-    return None, why
 
 
 def stop_listening(listener: socket.socket, folder: str, index: int) -> None:
     """One producer per key: once it is in (or the channel closes), close the listener (waking a
     wait on it) and take the socket's name away."""
-    try:
-        listener.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    listener.close()
+    close_socket(listener)
     try:
         os.unlink(socket_path(folder, index))
     except FileNotFoundError:
@@ -168,8 +162,8 @@ def _proof_digest(secret: bytes, channel_id: str, index: int, nonce: bytes) -> b
 
 
 def _check_producer(sock: socket.socket, secret: bytes, channel_id: str, index: int) -> Optional[str]:
-    """Why the peer on ``sock`` is not this key's producer, or None once it proved it is. Nothing it sends is read before its uid passed, and only the fixed-size proof before
-    the proof passed."""
+    """Why the peer on ``sock`` is not this key's producer, or None once it proved it is. Nothing it
+    sends is read before its uid passed, and only the fixed-size proof before the proof passed."""
     uid = _peer_uid(sock)
     if uid is not None and uid != os.getuid():
         return f"a process of uid {uid} (this run's uid is {os.getuid()})"

@@ -36,8 +36,8 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.scheduler.channel import ChannelClosed, ChannelFuture, Shared
-from embodied_async.scheduler.channel_access import (accept_producer, connect_to_consumer, dump_frame, load_frame,
-                                                     new_channel, open_listener, socket_path, stop_listening)
+from embodied_async.scheduler.channel_access import (accept_producer, close_socket, connect_to_consumer, dump_frame,
+                                                     load_frame, new_channel, open_listener, stop_listening)
 
 __all__ = ["DirectChannel"]
 
@@ -398,10 +398,8 @@ class DirectChannel:
                 stop_listening(link.listener, self._folder, self._index[key])
             for sock in (link.out_sock, link.in_sock):
                 if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-                    sock.close()
-        with contextlib.suppress(OSError):  # the last process to close on a node removes the folder there (it is empty then)
+                    close_socket(sock)
+        with contextlib.suppress(OSError):  # the last process to close on a node removes its (empty) folder
             os.rmdir(self._folder)
 
     def destroy(self) -> None:
