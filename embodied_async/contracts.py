@@ -26,6 +26,8 @@ class EnvSpec:
     ``action_dim`` values within ``[action_low, action_high]``. ``reports_success`` says whether
     ``EnvOutput.successes`` means anything for this task (when not, success rates are logged as
     null rather than 0); ``reports_fail`` whether it ends episodes as failures (always terminal).
+    ``control_hz``: actions executed per second of simulated time (a dataset of demonstrations
+    must have this frame rate); None where the family does not say.
     """
 
     obs_shapes: Dict[str, Tuple[int, ...]]
@@ -37,6 +39,7 @@ class EnvSpec:
     instruction: Optional[str] = None
     reports_success: bool = True
     reports_fail: bool = False
+    control_hz: Optional[float] = None
 
     @classmethod
     def from_observation(cls, obs: Observation, action_dim: int, num_action_chunks: int = 1,

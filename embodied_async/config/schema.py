@@ -68,8 +68,17 @@ class EnvConfig:
     # last frame); the evaluation turns it on for its own env when runner.eval_video is true
     render_video: bool = False
     video_size: List[int] = field(default_factory=lambda: [256, 256])  # [height, width]
+    # observations also carry "privileged_states" [B, D] float32: the vector the task gives in its
+    # state observation mode (object poses included), for a state policy acting as the teacher
+    # while the env renders what a VLA sees (scripts/collect_demos.py turns it on)
+    privileged_states: bool = False
 
     builder: ClassVar[str] = ""  # "module:callable"
+    # families that can give privileged_states say so
+    supports_privileged_states: ClassVar[bool] = False
+    # "module:callable" building the family's scripted expert, ``expert(env_cfg, env)``: a callable
+    # ``obs -> actions [B, C, A]`` that solves the configured task (None: the family has none)
+    scripted_expert: ClassVar[Optional[str]] = None
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).

@@ -136,6 +136,8 @@ def _check_counts(cfg: TrainConfig) -> None:
         positive(getattr(getattr(cfg, section), name), key)
     bound(cfg.env.max_abs_value, "env.max_abs_value", lambda v: v > 0, "must be > 0",
           "observations and rewards beyond it are dropped like NaNs: use e.g. 1e6")
+    require(not cfg.env.privileged_states or type(cfg.env).supports_privileged_states,
+            f"env.privileged_states=true, but the '{cfg.env.name}' env family cannot give them: set it to false")
 
 
 def _check_algorithm(cfg: TrainConfig) -> None:
