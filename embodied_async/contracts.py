@@ -110,6 +110,27 @@ class Policy(Protocol):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False): ...
 
 
+@runtime_checkable
+class SupervisedPolicy(Protocol):
+    """A policy that can also learn from demonstrations (``runner.mode: sft``), as its own
+    reference code trains it (token cross-entropy, flow matching, a Gaussian likelihood).
+
+    - ``supervised_loss(obs, actions, action_pad) -> (losses [B], metrics)``: ``obs`` as the env
+      gives it, ``actions`` the expert's next ``supervised_horizon`` actions ``[B, H, A]`` from
+      each observation on, ``action_pad`` ``[B, H]`` True where an episode had ended (leave them
+      out). ``losses`` one per sample, with gradients; ``metrics`` per-sample means (floats)
+      under their final names (``train/sft/...``).
+    - ``supervised_horizon``: how many future actions a sample needs (a chunked policy's chunk).
+    - Optional ``set_input_statistics(stats)``: the dataset's statistics per policy input
+      (``"states"``, ``"actions"``, ...; LeRobot's min/max/mean/std/...), given once before
+      training so the policy normalises its inputs with them.
+    """
+
+    supervised_horizon: int
+
+    def supervised_loss(self, obs: Observation, actions: object, action_pad: object) -> Tuple[object, Dict]: ...
+
+
 def missing_members(obj: object, protocol: type) -> list:
     """Names ``protocol`` requires that ``obj`` lacks (empty when it conforms)."""
     names = [n for n in getattr(protocol, "__protocol_attrs__", ()) if not n.startswith("_")]
@@ -119,4 +140,4 @@ def missing_members(obj: object, protocol: type) -> list:
     return sorted({n for n in names if not hasattr(obj, n)})
 
 
-__all__ = ["Env", "EnvSpec", "Policy", "missing_members"]
+__all__ = ["Env", "EnvSpec", "Policy", "SupervisedPolicy", "missing_members"]

@@ -30,6 +30,7 @@ from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerG
 from embodied_async.workers.actor_worker import ActorWorker
 from embodied_async.workers.env_worker import EnvWorker
 from embodied_async.workers.rollout_worker import RolloutWorker
+from embodied_async.workers.trainer_core import check_init_from
 
 INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
 
@@ -55,14 +56,14 @@ def deferred_sigint():
 
 @dataclass
 class Graph:
-    env: WorkerGroup
-    rollout: WorkerGroup
+    env: Optional[WorkerGroup]  # None in a supervised run (the rollout only evaluates)
+    rollout: Optional[WorkerGroup]  # None in a supervised run that never evaluates
     actor: WorkerGroup
     channels: GraphChannels
     env_spec: EnvSpec
 
     def groups(self) -> List[WorkerGroup]:
-        return [self.env, self.rollout, self.actor]
+        return [g for g in (self.env, self.rollout, self.actor) if g is not None]
 
 
 def channel_links(topology: Topology, nodes: Dict[str, Sequence]) -> Dict[str, tuple]:
@@ -200,6 +201,8 @@ class Runner:
     """Drives one run. ``topology``: the one ``config.resolve`` returned with ``cfg`` (resolved
     here when not given)."""
 
+    evaluate_method = "evaluate"  # the rollout worker's method an evaluation calls
+
     def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None):
         self.cfg = cfg
         self.topology = topology if topology is not None else resolve_topology(cfg)
@@ -209,6 +212,8 @@ class Runner:
         self.state = read_resume_state(cfg.runner.resume_dir)
         if cfg.runner.resume_dir:
             check_checkpoint_model(cfg.runner.resume_dir, cfg.model)
+        if cfg.model.init_from:
+            check_init_from(cfg.model.init_from, cfg.model)
         self.graph: Optional[Graph] = None
         self.worker_nodes: Dict[str, list] = {}  # component -> the Ray node of each worker (several nodes)
         self.loops: List[Pending] = []
@@ -257,7 +262,7 @@ class Runner:
         if self.eval_in_flight is None:
             self.eval_launched_at = self.state["step"]
             self.eval_in_flight = self.graph.rollout.call_rank(
-                0, "evaluate", self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs, pause_training,
+                0, self.evaluate_method, self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs, pause_training,
                 self.state["version"])
 
     def _evaluate_paused(self, record: Dict) -> None:
@@ -370,9 +375,7 @@ class Runner:
             return
         if self.in_flight:
             try:
-                metrics = wait_all(self.in_flight, watch=self.loops, timeout=INTERRUPT_GRACE_S)[0]
-                self.state["step"] += 1
-                self.state["version"] = int(metrics["train/actor/current_version"]) + 1
+                self._count_finished_step(wait_all(self.in_flight, watch=self.loops, timeout=INTERRUPT_GRACE_S)[0])
             except (TimeoutError, WorkerFailed) as err:
                 # the actor is mid-update: its state is not a consistent checkpoint
                 print(f"[runner] the update in flight did not finish ({err}); the last saved checkpoint "
@@ -382,8 +385,15 @@ class Runner:
         if self.last_saved_step != self.state["step"]:
             self._save()
 
+    def _count_finished_step(self, metrics: Dict[str, float]) -> None:
+        """An update that finished after Ctrl-C: count it, so the checkpoint says what it holds."""
+        self.state["step"] += 1
+        self.state["version"] = int(metrics["train/actor/current_version"]) + 1
+
     def _stop_loops(self) -> None:
         for group in (self.graph.env, self.graph.rollout):
+            if group is None:
+                continue
             try:
                 wait_all(group.call("stop"), timeout=5)
             except Exception:
@@ -426,4 +436,9 @@ class Runner:
 
 
 def run(cfg: TrainConfig, topology: Optional[Topology] = None) -> Dict[str, float]:
+    """Train as ``runner.mode`` says: the async PPO graph, or supervised steps on a dataset."""
+    if cfg.runner.mode == "sft":
+        from embodied_async.sft_runner import SupervisedRunner
+
+        return SupervisedRunner(cfg, topology).run()
     return Runner(cfg, topology).run()

@@ -93,3 +93,29 @@ def head_output(head: nn.Sequential, features: torch.Tensor) -> torch.Tensor:
     """A scalar head (e.g. the value MLP) on ``features`` in the head's own dtype (the backbone may
     compute in bfloat16 while the head is float32); float32 out, trailing 1 dropped."""
     return head(features.to(head[0].weight.dtype)).squeeze(-1).float()
+
+
+def gaussian_supervised_loss(head: GaussianHead, mean: torch.Tensor, actions: torch.Tensor,
+                             action_pad: torch.Tensor) -> Tuple[torch.Tensor, dict]:
+    """Negative log-likelihood of the expert's actions under the Gaussian head, per sample: the
+    mean over the chunk's actions that lie within the episode (``action_pad`` False)."""
+    batch, chunks, dim = mean.shape[0], head.num_chunks, head.action_dim
+    target = actions[:, :chunks].reshape(batch, chunks * dim).to(mean.dtype)
+    valid = (~action_pad[:, :chunks].bool()).to(mean.dtype)
+    logp = head.distribution(mean).log_prob(target).view(batch, chunks, dim).sum(-1)
+    count = valid.sum(-1).clamp_min(1.0)
+    losses = -(logp * valid).sum(-1) / count
+    error = ((mean.detach() - target).view(batch, chunks, dim).pow(2).mean(-1) * valid).sum(-1) / count
+    return losses, {"train/sft/action_mse": float(error.mean())}
+
+
+@torch.no_grad()
+def set_running_norm(norm: RunningNorm, stats: dict) -> None:
+    """Take a dataset's mean / std / count of a feature as the normaliser's statistics."""
+    mean = torch.as_tensor(np.asarray(stats["mean"], dtype=np.float64)).reshape(-1)
+    std = torch.as_tensor(np.asarray(stats["std"], dtype=np.float64)).reshape(-1)
+    if mean.numel() != norm.mean.numel():
+        raise ValueError(f"the dataset's statistics have {mean.numel()} values, the policy's input {norm.mean.numel()}")
+    norm.mean.copy_(mean.to(norm.mean.device))
+    norm.var.copy_(std.pow(2).to(norm.var.device))
+    norm.count.fill_(float(np.asarray(stats["count"]).reshape(-1)[0]))

@@ -115,6 +115,10 @@ class ModelConfig:
     # "float32" | "bfloat16": the actor's compute precision (FSDP mixed precision); trainable
     # parameters stay float32
     precision: str = "float32"
+    # a checkpoint folder of one of our runs (e.g. an SFT run's global_step_<N>) whose weights
+    # and observation statistics the policy starts from; counters, optimiser state and the run's
+    # progress are not taken (that is runner.resume_dir)
+    init_from: Optional[str] = None
 
     builder: ClassVar[str] = ""  # "module:callable"
     # the recipe to suggest when a GPU recipe of this family meets a machine without GPUs
@@ -204,6 +208,37 @@ class ActorConfig:
 
 
 @dataclass
+class DatasetConfig:
+    """The demonstrations a supervised (``runner.mode: sft``) run trains on: a LeRobot dataset."""
+
+    # a dataset folder, or a Hugging Face dataset repo id ("owner/name")
+    root: Optional[str] = None
+    # policy input -> dataset key (inputs: main_images, wrist_images, states, actions); an input
+    # not named here takes LeRobot's conventional key when the env gives that input and the
+    # dataset has it (observation.images.main, observation.images.wrist, observation.state,
+    # action); null leaves an input out
+    keys: Dict[str, Optional[str]] = field(default_factory=dict)
+    # whole episodes held out for the validation loss (a seeded draw)
+    validation_fraction: float = 0.1
+    # batches mix the frames of this many episodes at a time (each decoded about once per pass)
+    window_episodes: int = 32
+    # decoded episodes kept in memory per trainer rank
+    cache_episodes: int = 64
+
+
+@dataclass
+class SupervisedConfig:
+    """The supervised step: one optimiser step per ``actor.global_batch_size`` frames."""
+
+    # learning rate: linear warm-up over this many steps from 0 to actor.lr, then the schedule
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "cosine"  # "cosine" (down to min_lr_ratio x actor.lr at runner.max_steps) | "constant"
+    min_lr_ratio: float = 0.1
+    # the held-out loss every runner.val_check_interval steps, over at most this many batches
+    validation_batches: int = 8
+
+
+@dataclass
 class LoggerConfig:
     log_path: str = "logs/default"
     tensorboard: bool = True
@@ -211,7 +246,10 @@ class LoggerConfig:
 
 @dataclass
 class RunnerConfig:
-    max_steps: int = 200  # training steps (PPO updates)
+    # "ppo": the async graph (env -> rollout -> actor); "sft": supervised steps on `dataset`
+    # (the same trainer core; the rollout only evaluates)
+    mode: str = "ppo"
+    max_steps: int = 200  # training steps (PPO updates, or SFT optimiser steps)
     max_env_steps: Optional[int] = None  # stop earlier once this many env steps were consumed
     # stop earlier once an evaluation's success rate reaches this (needs val_check_interval > 0)
     stop_at_eval_success: Optional[float] = None
@@ -250,3 +288,5 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    sft: SupervisedConfig = field(default_factory=SupervisedConfig)

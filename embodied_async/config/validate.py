@@ -116,7 +116,10 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     _check_algorithm(cfg)
     _check_actor_and_runner(cfg)
     if cfg.runner.resume_dir is not None:
-        _check_resume_dir(cfg.runner.resume_dir)
+        _check_resume_dir(cfg.runner.resume_dir, "runner.resume_dir")
+    if cfg.model.init_from is not None:
+        _check_resume_dir(cfg.model.init_from, "model.init_from")
+    _check_supervised(cfg)
     for section in FAMILY_SECTIONS:
         try:
             getattr(cfg, section).check()
@@ -231,9 +234,26 @@ def _check_video(cfg: TrainConfig) -> None:
     positive(cfg.runner.eval_video_fps, "runner.eval_video_fps")
 
 
-def _check_resume_dir(path: str) -> None:
+def _check_supervised(cfg: TrainConfig) -> None:
+    choice(cfg.runner.mode, "runner.mode", ("ppo", "sft"))
+    if cfg.runner.mode != "sft":
+        return
+    require(cfg.dataset.root is not None, "runner.mode=sft needs dataset.root: a LeRobot dataset folder (e.g. one "
+                                          "scripts/collect_demos.py wrote) or a Hugging Face dataset repo id")
+    bound(cfg.dataset.validation_fraction, "dataset.validation_fraction", lambda v: 0.0 <= v < 1.0,
+          "must be in [0, 1)", "it is the share of episodes held out: use e.g. 0.1, or 0 for none")
+    for key in ("dataset.window_episodes", "dataset.cache_episodes", "sft.validation_batches"):
+        section, name = key.split(".")
+        positive(getattr(getattr(cfg, section), name), key)
+    choice(cfg.sft.lr_schedule, "sft.lr_schedule", ("cosine", "constant"))
+    bound(cfg.sft.lr_warmup_steps, "sft.lr_warmup_steps", lambda v: v >= 0, "must be >= 0", "use 0 for none")
+    bound(cfg.sft.min_lr_ratio, "sft.min_lr_ratio", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]",
+          "the cosine schedule ends at this fraction of actor.lr: use e.g. 0.1")
+
+
+def _check_resume_dir(path: str, key: str) -> None:
     example = "logs/<run>/checkpoints/global_step_<N>"
-    require(os.path.isdir(path), f"runner.resume_dir={path!r} is not a folder; point it at a checkpoint "
+    require(os.path.isdir(path), f"{key}={path!r} is not a folder; point it at a checkpoint "
                                  f"folder such as {example}")
     if os.path.isfile(os.path.join(path, "runner.json")):
         return
@@ -242,5 +262,5 @@ def _check_resume_dir(path: str) -> None:
     if os.path.isfile(latest):
         with open(latest) as f:
             hint = f" (this looks like a checkpoints root: its newest is {os.path.join(path, f.read().strip())!r})"
-    raise ConfigError(f"runner.resume_dir={path!r} is a folder but not a checkpoint (it holds no runner.json)"
+    raise ConfigError(f"{key}={path!r} is a folder but not a checkpoint (it holds no runner.json)"
                       f"{hint}; point it at one checkpoint folder such as {example}")

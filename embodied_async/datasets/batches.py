@@ -21,6 +21,22 @@ from embodied_async.datasets.reader import DatasetReader
 IMAGE_INPUTS = ("main_images", "wrist_images")
 VECTOR_INPUTS = ("states", "actions")
 POLICY_INPUTS = IMAGE_INPUTS + VECTOR_INPUTS
+# the dataset keys LeRobot's conventions (and our collector) give each input
+CONVENTIONAL_KEYS = {"main_images": "observation.images.main", "wrist_images": "observation.images.wrist",
+                     "states": "observation.state", "actions": "action"}
+
+
+def resolve_keys(reader: DatasetReader, keys: Dict[str, Optional[str]], spec) -> Dict[str, str]:
+    """The mapping a run uses: the conventional key of every input the env gives (and of the
+    actions) where the dataset has it, then ``keys`` on top (an input mapped to None is left out)."""
+    wanted = set(spec.obs_shapes) | {"actions"}
+    resolved = {name: key for name, key in CONVENTIONAL_KEYS.items() if name in wanted and key in reader.features}
+    for name, key in keys.items():
+        if key is None:
+            resolved.pop(name, None)
+        else:
+            resolved[name] = key
+    return resolved
 
 
 @dataclass
@@ -91,6 +107,10 @@ class SupervisedSamples:
     def frames(self, episode: int) -> range:
         return self.reader.episode_range(episode)
 
+    @property
+    def num_frames(self) -> int:
+        return sum(len(self.frames(e)) for e in self.episodes)
+
     def batch(self, indices: np.ndarray) -> SupervisedBatch:
         reader, indices = self.reader, np.asarray(indices, dtype=np.int64)
         ahead = indices[:, None] + np.arange(self.chunk)[None, :]
@@ -137,18 +157,19 @@ def epoch_order(samples: SupervisedSamples, seed: int, epoch: int, window_episod
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def iterate_batches(samples: SupervisedSamples, batch_size: int, seed: int, window_episodes: int = 32,
-                    start_batch: int = 0) -> Iterator[SupervisedBatch]:
-    """Batches of ``batch_size`` frames forever, epoch after epoch; ``start_batch`` skips ahead
-    (a resumed run continues the same sequence). The last incomplete batch of an epoch is
-    dropped so every batch has the same size."""
-    per_epoch = sum(len(samples.frames(e)) for e in samples.episodes) // batch_size
+def iterate_batch_indices(samples: SupervisedSamples, batch_size: int, seed: int, window_episodes: int = 32,
+                          start_batch: int = 0) -> Iterator[np.ndarray]:
+    """The frame indices of batches of ``batch_size`` forever, epoch after epoch; ``start_batch``
+    skips ahead (a resumed run continues the same sequence). The last incomplete batch of an
+    epoch is dropped so every batch has the same size (every trainer rank then runs as many
+    forward passes as the others)."""
+    per_epoch = samples.num_frames // batch_size
     if per_epoch == 0:
-        raise DatasetError(f"the training episodes hold fewer frames than one batch of {batch_size}: lower the batch "
-                           "size or collect more episodes")
+        raise DatasetError(f"the episodes hold {samples.num_frames} frames, fewer than one batch of {batch_size}: "
+                           "lower actor.global_batch_size or collect more episodes")
     epoch, skip = divmod(start_batch, per_epoch)
     while True:
         order = epoch_order(samples, seed, epoch, window_episodes)
         for b in range(skip, per_epoch):
-            yield samples.batch(order[b * batch_size:(b + 1) * batch_size])
+            yield order[b * batch_size:(b + 1) * batch_size]
         epoch, skip = epoch + 1, 0

@@ -19,8 +19,7 @@ import dataclasses
 import threading
 import uuid
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence
 
 __all__ = ["ChannelClosed", "ChannelFuture", "LocalChannel", "RayChannel", "Shared", "create_channel", "payload_bytes"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
@@ -266,6 +267,20 @@ class RolloutWorker:
             self._stop.wait(0.001)
         with self._acting:
             return self._evaluate(num_episodes, num_envs)
+
+    def evaluate_published(self, num_episodes: int, num_envs: int, pause_training: bool = False,
+                           min_version: int = 0, timeout_s: float = 600.0) -> Dict[str, float]:
+        """Evaluate the weights of ``min_version`` or newer once they arrive, for a run without
+        the rollout loop (a supervised run publishes weights only to be evaluated)."""
+        deadline = time.monotonic() + timeout_s
+        while self.version < min_version:
+            self._poll_weights()
+            if self._stop.is_set():
+                raise Stopped
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no weights of version {min_version} arrived within {timeout_s:.0f} s")
+            self._stop.wait(0.01)
+        return self._evaluate(num_episodes, num_envs)
 
     def _evaluate(self, num_episodes: int, num_envs: int) -> Dict[str, float]:
         if self._eval_env is None:

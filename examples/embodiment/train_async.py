@@ -35,6 +35,7 @@ def main(cfg: DictConfig) -> None:
         print(f"checkpoint error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     from embodied_async.checkpoint_io import CheckpointError
+    from embodied_async.datasets.lerobot_format import DatasetError
     from embodied_async.private_files import FolderRefused
     from embodied_async.runner import run
     from embodied_async.scheduler.worker_group import WorkerFailed
@@ -46,6 +47,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
     except CheckpointError as err:
         print(f"checkpoint error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except DatasetError as err:
+        print(f"dataset error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     except FolderRefused as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)

@@ -8,7 +8,8 @@ from torch import nn
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from models.cnn.configuration_cnn import CNNConfig
-from models.common import ACTIVATIONS, GaussianHead, RunningNorm, as_tensor, layer_init, make_mlp
+from models.common import (ACTIVATIONS, GaussianHead, RunningNorm, as_tensor, gaussian_supervised_loss, layer_init,
+                           make_mlp, set_running_norm)
 
 
 class ImageEncoder(nn.Module):
@@ -52,6 +53,7 @@ class CNNPolicy(nn.Module):
         self.critic = make_mlp(feature_dim, hidden, 1, cfg.activation, out_std=1.0)
         self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
         self.state_dim = state_dim
+        self.supervised_horizon = chunks
 
     def _inputs(self, obs, update_stats: bool) -> dict:
         device = self.head.log_std.device
@@ -87,3 +89,14 @@ class CNNPolicy(nn.Module):
         features = self._features(forward_inputs)
         logprobs, entropy = self.head.log_prob_entropy(self.actor(features), actions)
         return logprobs, entropy, self.critic(features).squeeze(-1)
+
+    def supervised_loss(self, obs, actions, action_pad):
+        """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""
+        features = self._features(self._inputs(obs, update_stats=False))
+        device = features.device
+        return gaussian_supervised_loss(self.head, self.actor(features), as_tensor(actions, device=device),
+                                        as_tensor(action_pad, dtype=torch.bool, device=device))
+
+    def set_input_statistics(self, stats) -> None:
+        if self.normalizer is not None and "states" in stats:
+            set_running_norm(self.normalizer, stats["states"])

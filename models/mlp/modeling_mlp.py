@@ -7,7 +7,7 @@ from torch import nn
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
-from models.common import GaussianHead, RunningNorm, as_tensor, make_mlp
+from models.common import GaussianHead, RunningNorm, as_tensor, gaussian_supervised_loss, make_mlp, set_running_norm
 from models.mlp.configuration_mlp import MLPConfig
 
 
@@ -27,6 +27,7 @@ class MLPPolicy(nn.Module):
         self.actor = make_mlp(state_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)
         self.critic = make_mlp(state_dim, hidden, 1, cfg.activation, out_std=1.0)
         self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
+        self.supervised_horizon = chunks
 
     def _inputs(self, obs, update_stats: bool) -> torch.Tensor:
         states = as_tensor(obs["states"], device=self.head.log_std.device)
@@ -51,3 +52,13 @@ class MLPPolicy(nn.Module):
         states = forward_inputs["states"]
         logprobs, entropy = self.head.log_prob_entropy(self.actor(states), actions)
         return logprobs, entropy, self.critic(states).squeeze(-1)
+
+    def supervised_loss(self, obs, actions, action_pad):
+        """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""
+        states = self._inputs(obs, update_stats=False)
+        return gaussian_supervised_loss(self.head, self.actor(states), as_tensor(actions, device=states.device),
+                                        as_tensor(action_pad, dtype=torch.bool, device=states.device))
+
+    def set_input_statistics(self, stats) -> None:
+        if self.normalizer is not None and "states" in stats:
+            set_running_norm(self.normalizer, stats["states"])

@@ -93,17 +93,36 @@ class ActionTokenizer:
         gripper) are passed through unchanged. Broadcasts over leading batch dimensions; float64.
         """
         normalized = np.asarray(normalized, dtype=np.float64)
-        low = np.asarray(stats["q01"], dtype=np.float64)
-        high = np.asarray(stats["q99"], dtype=np.float64)
-        mask = np.asarray(stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool)
-        if normalized.shape[-1] != low.shape[-1]:
-            raise ValueError(f"action dim {normalized.shape[-1]} does not match stats dim {low.shape[-1]}")
+        low, high, mask = _bounds(stats, normalized.shape[-1])
         # Same operation order as the reference so results agree to the last bit.
         return np.where(mask, 0.5 * (normalized + 1) * (high - low) + low, normalized)
+
+    @staticmethod
+    def normalize(actions: np.ndarray, stats: Mapping[str, Any]) -> np.ndarray:
+        """The inverse of ``unnormalize``: the q01..q99 range to [-1, 1], clipped there (as
+        OpenVLA's data pipeline normalises its training actions); masked dimensions unchanged."""
+        actions = np.asarray(actions, dtype=np.float64)
+        low, high, mask = _bounds(stats, actions.shape[-1])
+        scaled = np.clip(2 * (actions - low) / np.maximum(high - low, 1e-8) - 1, -1.0, 1.0)
+        return np.where(mask, scaled, actions)
+
+    def encode_actions(self, actions: np.ndarray, stats: Mapping[str, Any]) -> np.ndarray:
+        """Un-normalised actions -> token ids (``normalize`` then ``encode``)."""
+        return self.encode(self.normalize(actions, stats))
 
     def decode_actions(self, token_ids: np.ndarray, stats: Mapping[str, Any]) -> np.ndarray:
         """Token ids -> un-normalised float64 actions (``decode`` then ``unnormalize``)."""
         return self.unnormalize(self.decode(token_ids), stats)
+
+
+def _bounds(stats: Mapping[str, Any], action_dim: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q01, q99, mask) of ``norm_stats[key]['action']``, checked against the action dim."""
+    low = np.asarray(stats["q01"], dtype=np.float64)
+    high = np.asarray(stats["q99"], dtype=np.float64)
+    mask = np.asarray(stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool)
+    if action_dim != low.shape[-1]:
+        raise ValueError(f"action dim {action_dim} does not match stats dim {low.shape[-1]}")
+    return low, high, mask
 
 
 def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None) -> Mapping[str, Any]:

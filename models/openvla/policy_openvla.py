@@ -133,6 +133,7 @@ class OpenVLAPolicy(nn.Module):
                 tower.gradient_checkpointing = True
         params = inspect.signature(vla.language_model.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.supervised_horizon = 1  # one action per decision
 
     @classmethod
     def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32, device=None, **kwargs) -> "OpenVLAPolicy":
@@ -336,6 +337,29 @@ class OpenVLAPolicy(nn.Module):
         index = (tokens.long() - self.token_low).clamp(0, logp.shape[-1] - 1)
         logprobs = logp.gather(-1, index[..., None]).squeeze(-1).sum(-1)
         return logprobs, self._entropy(logp).sum(-1), self._value(hidden[:, -n - 1])
+
+
+    def supervised_loss(self, obs, actions, action_pad=None) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """Cross-entropy of the expert's action tokens over the whole vocabulary, one
+        teacher-forced pass, the prompt masked (OpenVLA's own fine-tuning); per sample, the mean
+        over its ``action_dim`` tokens. Actions are tokenised with the checkpoint's
+        ``unnorm_key`` statistics (q01..q99 to [-1, 1], clipped, 256 bins)."""
+        inputs = self._inputs(obs)
+        expert = np.asarray(actions.detach().cpu() if isinstance(actions, torch.Tensor) else actions)[:, 0]
+        tokens = torch.as_tensor(self.action_tokenizer.encode_actions(expert, self.action_stats), device=self.device)
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        full_ids = torch.cat([ids, tokens.to(ids.dtype)], dim=1)
+        full_mask = torch.cat([mask, mask.new_ones(tokens.shape)], dim=1)
+        embeds, mm_mask = self.vla.get_multimodal_embeddings(full_ids, inputs["pixel_values"], full_mask)
+        hidden, _ = self._llm(embeds, mm_mask)
+        n = tokens.shape[1]
+        logits = self.vla.language_model.lm_head(hidden[:, -n - 1:-1]).float()  # position t predicts t + 1
+        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1), reduction="none")
+        predicted = logits.detach().argmax(-1)
+        decoded = self.action_tokenizer.decode_actions(predicted.cpu().numpy(), self.action_stats)
+        return losses.view(-1, n).mean(-1), {
+            "train/sft/token_accuracy": float((predicted == tokens).float().mean()),
+            "train/sft/action_l1": float(np.abs(decoded - expert).mean())}
 
 
 def ensure_tiny_checkpoint(path: str, action_dim: int) -> None:

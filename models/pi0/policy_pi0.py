@@ -72,6 +72,7 @@ class Pi0Policy(nn.Module):
         if lora_rank > 0:
             self._add_lora(lora_rank, lora_alpha, list(lora_targets), list(lora_parts), lora_init)
         model.gradient_checkpointing = gradient_checkpointing
+        self.supervised_horizon = arch.chunk_size  # the flow loss trains the whole chunk
 
     def _add_lora(self, rank: int, alpha: float, targets: List[str], parts: List[str], init) -> None:
         from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
@@ -172,6 +173,24 @@ class Pi0Policy(nn.Module):
         logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"], inputs["stochastic_step"],
                                            self.settings, self.noise_head)
         return logprobs, entropy, self._value(prefix, hidden, state)
+
+
+    def supervised_loss(self, obs, actions, action_pad) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """The flow-matching loss as LeRobot trains Pi0: normalised actions padded to the model's
+        action size, time ~ Beta(1.5, 1) scaled into [0.001, 1], squared error of the velocity;
+        actions past the episode's end count as zeros in the mean. One value per sample."""
+        arch = self.model.arch
+        inputs = self.observation_inputs(obs)
+        prefix, _ = self._prefix(inputs)
+        target = self.normalization.normalize(as_tensor(actions, device=self.device), ACTION_KEY, "ACTION")
+        target = pad_to(target[:, :arch.chunk_size], arch.max_action_dim)
+        batch = target.shape[0]
+        noise = torch.randn_like(target)
+        time = torch.distributions.Beta(1.5, 1.0).sample((batch,)).to(self.device) * 0.999 + 0.001
+        out = self.model.flow_loss(prefix, inputs["state"], target, noise, time)
+        valid = ~as_tensor(action_pad, dtype=torch.bool, device=self.device)[:, :arch.chunk_size]
+        losses = (out["loss"].float() * valid[..., None]).mean(dim=(1, 2))
+        return losses, {"train/sft/flow_loss": float(losses.detach().mean())}
 
 
 # ---------------------------------------------------------------------------------- building

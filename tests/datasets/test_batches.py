@@ -8,7 +8,7 @@ import pytest
 
 from conftest import FIXTURES
 from embodied_async.contracts import EnvSpec
-from embodied_async.datasets.batches import (SupervisedSamples, check_against_spec, epoch_order, iterate_batches,
+from embodied_async.datasets.batches import (SupervisedSamples, check_against_spec, epoch_order, iterate_batch_indices,
                                              split_episodes)
 from embodied_async.datasets.lerobot_format import DatasetError
 from embodied_async.datasets.reader import DatasetReader
@@ -55,8 +55,9 @@ def test_the_order_is_seeded_and_covers_every_frame_once(reader):
     assert sorted(a.tolist()) == sorted(set(range(0, 12)) | set(range(29, 38)) | set(range(38, 52)))
     np.testing.assert_array_equal(a, epoch_order(samples, seed=5, epoch=0, window_episodes=2))
     assert not np.array_equal(a, epoch_order(samples, seed=5, epoch=1, window_episodes=2))
-    first = [b.actions for _, b in zip(range(5), iterate_batches(samples, 8, seed=1))]
-    resumed = [b.actions for _, b in zip(range(2), iterate_batches(samples, 8, seed=1, start_batch=3))]
+    first = [b for _, b in zip(range(5), iterate_batch_indices(samples, 8, seed=1))]
+    resumed = [b for _, b in zip(range(2), iterate_batch_indices(samples, 8, seed=1, start_batch=3))]
+    assert all(len(b) == 8 for b in first) and len({tuple(b) for b in first}) == 5
     np.testing.assert_array_equal(first[3], resumed[0])
     np.testing.assert_array_equal(first[4], resumed[1])
     train, held = split_episodes(10, 0.2, seed=0)

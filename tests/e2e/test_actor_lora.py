@@ -12,7 +12,8 @@ from embodied_async.data import StepRecord, Trajectory
 from embodied_async.registry import build_policy
 from embodied_async.scheduler.channel import LocalChannel
 from embodied_async.scheduler.graph_channels import GraphChannels
-from embodied_async.workers.actor_worker import ActorWorker, free_port
+from embodied_async.workers.actor_worker import ActorWorker
+from embodied_async.workers.trainer_core import free_port
 from embodied_async.workers.sharding import gather_trainable
 from embodied_async.contracts import EnvSpec
 

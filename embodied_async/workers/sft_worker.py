@@ -1,0 +1,141 @@
+"""Supervised trainer: one FSDP2 rank of the trainer core plus the supervised step. Draws its
+share of each global batch of demonstration frames from a LeRobot dataset, takes one optimiser
+step on the policy's own supervised loss (``contracts.SupervisedPolicy``) under a warm-up +
+cosine learning rate, reports a held-out loss, and publishes weights for evaluation."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Dict, Iterator, Optional
+
+import numpy as np
+import torch
+
+from embodied_async.algorithms.schedules import lr_factor
+from embodied_async.contracts import SupervisedPolicy
+from embodied_async.datasets.batches import (SupervisedSamples, check_against_spec, check_mapping,
+                                             iterate_batch_indices, resolve_keys, split_episodes)
+from embodied_async.datasets.reader import DatasetReader, resolve_dataset
+from embodied_async.workers.base import process_metrics
+from embodied_async.workers.trainer_core import TrainerCore
+
+
+class SupervisedWorker(TrainerCore):
+    def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
+        super().__init__(cfg, topology, rank, device_id, env_spec, channels, seed_offset=95_000)
+        data = cfg.dataset
+        self.reader = DatasetReader(resolve_dataset(data.root), cache_episodes=data.cache_episodes)
+        self.keys = resolve_keys(self.reader, dict(data.keys), env_spec)
+        check_mapping(self.reader, self.keys)
+        check_against_spec(self.reader, self.keys, env_spec, env_spec.control_hz)
+        self.train_episodes, self.val_episodes = split_episodes(self.reader.num_episodes, data.validation_fraction,
+                                                                cfg.runner.seed)
+        self._batches: Optional[Iterator[np.ndarray]] = None
+
+    def prepare_policy(self, policy) -> None:
+        if not isinstance(policy, SupervisedPolicy):
+            raise TypeError(f"the {self.cfg.model.name} policy defines no supervised loss (supervised_loss and "
+                            "supervised_horizon, contracts.SupervisedPolicy): it cannot be trained with runner.mode=sft")
+        horizon = int(policy.supervised_horizon)
+        self.train_samples = SupervisedSamples(self.reader, self.keys, horizon, self.train_episodes)
+        self.val_samples = SupervisedSamples(self.reader, self.keys, horizon, self.val_episodes) \
+            if self.val_episodes else None
+        # a policy that starts from a checkpoint keeps the statistics it was trained with
+        if hasattr(policy, "set_input_statistics") and not self.cfg.model.init_from:
+            policy.set_input_statistics({name: self.reader.stats[key] for name, key in self.keys.items()})
+
+    def publish_weights(self) -> int:
+        return self.publish({})
+
+    # ---- the supervised step -----------------------------------------------------------------
+    def train_step(self) -> Dict[str, float]:
+        with self._update_lock:  # a checkpoint never sees a half-done step
+            return self._train_step()
+
+    def _next_indices(self) -> np.ndarray:
+        if self._batches is None:  # a resumed run continues the same sequence of batches
+            self._batches = iterate_batch_indices(self.train_samples, self.cfg.actor.global_batch_size,
+                                                  self.cfg.runner.seed, self.cfg.dataset.window_episodes,
+                                                  start_batch=self.version)
+        return next(self._batches)[self.rank::self.world_size]
+
+    def _set_lr(self) -> float:
+        sft, actor = self.cfg.sft, self.cfg.actor
+        factor = lr_factor(self.version, sft.lr_warmup_steps, self.cfg.runner.max_steps, sft.lr_schedule,
+                           sft.min_lr_ratio)
+        bases = {"policy": actor.lr, "value": actor.value_lr if actor.value_lr is not None else actor.lr}
+        for group in self.optimizer.param_groups:
+            group["lr"] = bases[group["name"]] * factor
+        return actor.lr * factor
+
+    def _losses(self, samples: SupervisedSamples, indices: np.ndarray, scale: float, backward: bool):
+        """Forward (and backward) over micro-batches; per-sample sums of the loss and metrics."""
+        sums: Dict[str, float] = defaultdict(float)
+        micro = self.cfg.actor.micro_batch_size
+        for start in range(0, len(indices), micro):
+            batch = samples.batch(indices[start:start + micro])
+            actions = torch.as_tensor(batch.actions, device=self.device)
+            pad = torch.as_tensor(batch.action_pad, device=self.device)
+            losses, metrics = self.policy.supervised_loss(batch.obs, actions, pad)
+            if backward:
+                (losses.float().sum() * scale).backward()
+            sums["loss"] += float(losses.detach().float().sum())
+            for name, value in metrics.items():
+                sums[name] += float(value) * len(batch)
+        return sums
+
+    def _train_step(self) -> Dict[str, float]:
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        indices = self._next_indices()
+        lr = self._set_lr()
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # each rank averages over its share; FSDP averages the gradients over ranks
+        sums = self._losses(self.train_samples, indices, 1.0 / len(indices), backward=True)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        finite = torch.tensor([float(bool(torch.isfinite(grad_norm)) and np.isfinite(sums["loss"]))])
+        skipped = float(self._all_reduce_sum(finite)[0]) < self.world_size
+        if skipped:  # a NaN/inf would poison the weights for good: skip the step on every rank
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        self.version += 1
+        out = {f"train/sft/{k}" if k == "loss" else k: v / len(indices) for k, v in sums.items()}
+        out.update({"train/sft/lr": lr, "train/sft/grad_norm": float(grad_norm),
+                    "train/sft/nonfinite_skipped": float(skipped),
+                    "train/sft/epoch": self.version * self.cfg.actor.global_batch_size / self.train_samples.num_frames,
+                    "time/actor_training": time.perf_counter() - start})
+        out.update({k: v * self.world_size for k, v in process_metrics(
+            "actor", self.clock, time.thread_time() - start_cpu, self.weight_channel).items()})
+        return self._average_metrics(out)
+
+    @torch.no_grad()
+    def validate(self) -> Dict[str, float]:
+        """Collective: the held-out episodes' loss (the first ``sft.validation_batches`` batches
+        of a fixed order), named ``val/sft/...``; empty without held-out episodes."""
+        # every rank must run as many forward passes as the others: equal shares of whole batches
+        size = min(self.cfg.actor.global_batch_size,
+                   (self.val_samples.num_frames if self.val_samples else 0) // self.world_size * self.world_size)
+        if size == 0:
+            return {}
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            batches = iterate_batch_indices(self.val_samples, size, self.cfg.runner.seed,
+                                            self.cfg.dataset.window_episodes)
+            sums: Dict[str, float] = defaultdict(float)
+            count = 0
+            for _, indices in zip(range(self.cfg.sft.validation_batches), batches):
+                share = indices[self.rank::self.world_size]
+                for name, value in self._losses(self.val_samples, share, 0.0, backward=False).items():
+                    sums[name] += value
+                count += len(share)
+        finally:
+            self.policy.train(was_training)
+        out = {("val/sft/loss" if k == "loss" else k.replace("train/", "val/")): v / max(count, 1)
+               for k, v in sums.items()}
+        return self._average_metrics(out)
