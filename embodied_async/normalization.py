@@ -84,6 +84,25 @@ class RunningNorm(nn.Module):
         return normed.clamp(-self.clip, self.clip)
 
 
+class InputStatistics(nn.Module):
+    """Fixed statistics a policy normalises its inputs or actions with (e.g. a dataset's action
+    range), as buffers: published with the weights and kept in checkpoints like a
+    ``RunningNorm``'s, so a policy fine-tuned on a dataset acts with that dataset's statistics in
+    every process, and a run started from its checkpoint (``model.init_from``) keeps them."""
+
+    def __init__(self, **values):
+        super().__init__()
+        for name, value in values.items():
+            self.register_buffer(name, torch.as_tensor(value).clone())
+
+    @torch.no_grad()
+    def assign(self, name: str, value) -> None:
+        """Replace one statistic (same number of values)."""
+        buffer = getattr(self, name)
+        value = torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device).reshape(buffer.shape)
+        buffer.copy_(value)
+
+
 def _normalizers(policy: nn.Module) -> Dict[str, RunningNorm]:
     return {name: m for name, m in policy.named_modules() if isinstance(m, RunningNorm)}
 
@@ -109,7 +128,8 @@ def merge_observation_moments(policy: nn.Module, moments: Dict[str, torch.Tensor
 def normalizer_state(policy: nn.Module) -> Dict[str, torch.Tensor]:
     """The statistics of every normaliser, under their state-dict names (published with weights)."""
     out = {}
-    for name, module in _normalizers(policy).items():
+    modules = {name: m for name, m in policy.named_modules() if isinstance(m, (RunningNorm, InputStatistics))}
+    for name, module in modules.items():
         prefix = f"{name}." if name else ""
         for buffer_name, value in module.named_buffers(recurse=False):
             out[prefix + buffer_name] = value.detach().cpu().clone()

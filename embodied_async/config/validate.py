@@ -204,7 +204,8 @@ def _check_batches(cfg: TrainConfig, world: int) -> None:
     store = cfg.algorithm.rollout_store_size_per_rank
     batch = store * cfg.env.num_envs * cfg.rollout.num_steps
     actor = cfg.actor
-    require(batch % actor.global_batch_size == 0,
+    # a supervised run's batches come from its dataset, not from rollouts
+    require(cfg.runner.mode == "sft" or batch % actor.global_batch_size == 0,
             f"one update's batch (algorithm.rollout_store_size_per_rank x env.num_envs x rollout.num_steps = "
             f"{store} x {cfg.env.num_envs} x {cfg.rollout.num_steps} = {batch} decisions) must be a multiple "
             f"of actor.global_batch_size={actor.global_batch_size}; pick a divisor of {batch} for "

@@ -26,6 +26,20 @@ CONVENTIONAL_KEYS = {"main_images": "observation.images.main", "wrist_images": "
                      "states": "observation.state", "actions": "action"}
 
 
+def dataset_features(spec) -> Dict[str, dict]:
+    """The LeRobot features that record what an env with ``spec`` shows a policy, under the
+    conventional keys: its cameras as videos, its states, and the executed actions."""
+    features: Dict[str, dict] = {}
+    for name in POLICY_INPUTS:
+        if name == "actions":
+            features[CONVENTIONAL_KEYS[name]] = {"dtype": "float32", "shape": [int(spec.action_dim)], "names": None}
+        elif name in spec.obs_shapes:
+            shape = [int(v) for v in spec.obs_shapes[name]]
+            features[CONVENTIONAL_KEYS[name]] = {"dtype": "video", "shape": shape} if name in IMAGE_INPUTS \
+                else {"dtype": "float32", "shape": shape, "names": None}
+    return features
+
+
 def resolve_keys(reader: DatasetReader, keys: Dict[str, Optional[str]], spec) -> Dict[str, str]:
     """The mapping a run uses: the conventional key of every input the env gives (and of the
     actions) where the dataset has it, then ``keys`` on top (an input mapped to None is left out)."""

@@ -33,6 +33,7 @@ from torch import nn
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
+from embodied_async.normalization import InputStatistics
 from models.checkpoints import resolve_checkpoint
 from models.common import as_tensor, head_output, inference, make_mlp
 
@@ -97,8 +98,13 @@ class OpenVLAPolicy(nn.Module):
             raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
         config = vla.config
         self.vla = vla
-        self.action_stats = get_action_stats(config.norm_stats or {}, unnorm_key)
-        self.action_dim = len(self.action_stats["q01"])
+        stats = get_action_stats(config.norm_stats or {}, unnorm_key)
+        low = np.asarray(stats["q01"], dtype=np.float64)
+        # buffers: published and checkpointed, so fine-tuning on a dataset can bring its own range
+        self.action_statistics = InputStatistics(
+            q01=low, q99=np.asarray(stats["q99"], dtype=np.float64),
+            mask=np.asarray(stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool))
+        self.action_dim = len(low)
         self.action_tokenizer = ActionTokenizer.from_config(config)
         self.token_low, self.token_high = self.action_tokenizer.action_token_range()
         self.temperature, self.top_k = float(temperature), top_k
@@ -177,6 +183,19 @@ class OpenVLAPolicy(nn.Module):
             lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    @property
+    def action_stats(self) -> Dict[str, np.ndarray]:
+        """The q01 / q99 / mask actions are (un)normalised with (``unnorm_key``'s, or a dataset's)."""
+        stats = self.action_statistics
+        return {"q01": stats.q01.cpu().numpy(), "q99": stats.q99.cpu().numpy(), "mask": stats.mask.cpu().numpy()}
+
+    def set_input_statistics(self, stats) -> None:
+        """Fine-tuning on a dataset: its actions' q01 / q99 become the bins' range (as OpenVLA's
+        own fine-tuning computes them from the dataset); the mask stays the checkpoint's."""
+        if "actions" in stats:
+            self.action_statistics.assign("q01", stats["actions"]["q01"])
+            self.action_statistics.assign("q99", stats["actions"]["q99"])
 
     # ------------------------------------------------------------------------------ inputs
     @property

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from embodied_async.data import PolicyOutput
+from embodied_async.normalization import InputStatistics
 from models.common import as_tensor, head_output, inference, make_mlp
 
 from .chain import ChainSettings, chain_log_prob, sample_chain
@@ -60,7 +61,13 @@ class Pi0Policy(nn.Module):
         if len(camera_keys) > len(arch.cameras):
             raise ValueError(f"{len(camera_keys)} camera keys for a checkpoint with {len(arch.cameras)} cameras "
                              f"({arch.cameras})")
-        self.model, self.normalization, self.tokenize, self.settings = model, normalization, tokenize, settings
+        self.model, self.tokenize, self.settings = model, tokenize, settings
+        # the statistics as buffers (published with the weights, kept in checkpoints), so that
+        # fine-tuning on a dataset can bring its own; the modes and eps stay plain settings
+        self._modes, self._eps = dict(normalization.modes), normalization.eps
+        self._stat_buffers = {key: key.replace(".", "__") for key in normalization.stats}
+        self.statistics = InputStatistics(**{name: normalization.stats[key].double()
+                                             for key, name in self._stat_buffers.items()})
         self.camera_keys, self.value_input, self.pad_after_scaling = list(camera_keys), value_input, pad_after_scaling
         dtype = model.action_out_proj.weight.dtype
         width = arch.expert.width if value_input == "expert" else arch.vlm.width
@@ -86,6 +93,21 @@ class Pi0Policy(nn.Module):
                                                init_lora_weights=init), roots[part])
         for name, param in self.model.named_parameters():
             param.requires_grad_("lora_" in name)
+
+    @property
+    def normalization(self) -> Normalization:
+        """State / action normalisation with the current statistics (the buffers)."""
+        return Normalization(modes=self._modes, eps=self._eps,
+                             stats={key: getattr(self.statistics, name) for key, name in self._stat_buffers.items()})
+
+    def set_input_statistics(self, stats) -> None:
+        """Fine-tuning on a dataset: its state and action statistics replace the checkpoint's
+        (those the normalisation modes use), as LeRobot's training takes the dataset's."""
+        for name, key in (("states", STATE_KEY), ("actions", ACTION_KEY)):
+            for stat in ("mean", "std", "min", "max"):
+                buffer = self._stat_buffers.get(f"{key}.{stat}")
+                if name in stats and buffer is not None:
+                    self.statistics.assign(buffer, stats[name][stat])
 
     def fsdp_units(self) -> List[nn.Module]:
         """SigLIP layers and both Gemma stacks' layers, one FSDP unit each."""

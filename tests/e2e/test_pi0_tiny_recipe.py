@@ -1,16 +1,20 @@
-"""The tiny Pi0 recipe: async PPO with a flow-matching VLA (LoRA + value head) on a real env."""
+"""The tiny Pi0 recipes: SFT (flow matching) on demonstrations, then async PPO with the VLA (LoRA +
+value head) starting from that checkpoint (model.init_from), on a real env."""
 
 import os
 
 import pytest
 
 from conftest import assert_logs_every_recipe_metric, run_recipe
+from demonstrations import run_tiny_sft
 
 
 @pytest.mark.slow
-def test_tiny_pi0_recipe_runs_two_async_updates(tmp_path):
+def test_tiny_pi0_recipes_sft_then_two_async_updates_from_its_checkpoint(tmp_path):
+    checkpoint, sft_records = run_tiny_sft("openpi", tmp_path)
+    assert "train/sft/flow_loss" in sft_records[-1]
     log_path = tmp_path / "run"
-    _, records = run_recipe("maniskill_async_ppo_openpi_tiny", log_path)
+    _, records = run_recipe("maniskill_async_ppo_openpi_tiny", log_path, f"model.init_from={checkpoint}")
     # the checkpoint was made in LeRobot's format at model.path and loaded back by path
     assert {"config.json", "model.safetensors", "policy_preprocessor.json", "meta.json"} <= set(
         os.listdir(log_path / "tiny_pi0"))

@@ -241,6 +241,6 @@ def test_dataset_statistics_shipped_beside_a_checkpoint_are_merged(tmp_path):
     with open(os.path.join(folder, "dataset_statistics.json"), "w") as f:
         json.dump({"bridge_orig": finetuned, "tiny": finetuned}, f)
     policy = _policy(folder, unnorm_key="bridge_orig")
-    assert policy.action_stats["q99"] == finetuned["action"]["q99"]
-    assert _policy(folder, unnorm_key="tiny").action_stats["q99"] == finetuned["action"]["q99"]  # the file wins
+    assert policy.action_stats["q99"].tolist() == finetuned["action"]["q99"]
+    assert _policy(folder, unnorm_key="tiny").action_stats["q99"].tolist() == finetuned["action"]["q99"]  # the file wins
     assert sorted(load_openvla(folder).config.norm_stats) == ["bridge_orig", "tiny"]
