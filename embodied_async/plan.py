@@ -49,20 +49,43 @@ def workload(cfg: TrainConfig, topology: Topology) -> Workload:
                     envs_per_process=topology.envs_per_stage * topology.stages)
 
 
-def _placement_lines(topology: Topology) -> List[str]:
+def started_ranks(cfg: TrainConfig, topology: Topology) -> Dict[str, int]:
+    """Processes each component runs: a supervised run starts no env workers, and a rollout
+    worker only to evaluate (rank 0 evaluates)."""
+    if cfg.runner.mode == "sft":
+        return {"env": 0, "rollout": 1 if cfg.runner.val_check_interval else 0,
+                "actor": len(topology.ids("actor"))}
+    return {c: len(topology.ids(c)) for c in ("env", "rollout", "actor")}
+
+
+def _placement_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
     unit = "GPU" if topology.device_kind == "gpu" else "CPU slot"
     devices: Dict[int, List[str]] = {}
+    counts = started_ranks(cfg, topology)
     for component in ("env", "rollout", "actor"):
-        for rank, device in enumerate(topology.ids(component)):
+        for rank, device in enumerate(topology.ids(component)[:counts[component]]):
             devices.setdefault(device, []).append(f"{component} {rank}")
     lines = [f"  {unit} {device}: {', '.join(names)}" for device, names in sorted(devices.items())]
-    counts = {c: len(topology.ids(c)) for c in ("env", "rollout", "actor")}
     lines.append(f"  processes: {sum(counts.values())} ({counts['env']} env, {counts['rollout']} rollout, "
                  f"{counts['actor']} actor ranks), plus the runner")
     return lines
 
 
+def _supervised_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
+    per_rank = cfg.actor.global_batch_size // topology.actor_world_size
+    micro = min(cfg.actor.micro_batch_size, per_rank)
+    sft = cfg.sft
+    schedule = f"{sft.lr_schedule} to {sft.min_lr_ratio} x actor.lr" if sft.lr_schedule == "cosine" else "constant"
+    return [f"  dataset: {cfg.dataset.root} ({cfg.dataset.validation_fraction:.0%} of its episodes held out)",
+            f"  one step: {cfg.actor.global_batch_size} frames; per actor rank {per_rank} = {per_rank // micro} "
+            f"micro-batches of {micro}",
+            f"  {cfg.runner.max_steps} steps; learning rate {cfg.actor.lr:g}: {sft.lr_warmup_steps} warm-up steps, "
+            f"then {schedule}"]
+
+
 def _batch_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
+    if cfg.runner.mode == "sft":
+        return _supervised_lines(cfg, topology)
     store = cfg.algorithm.rollout_store_size_per_rank
     decisions = store * cfg.env.num_envs * cfg.rollout.num_steps
     minibatches = decisions // cfg.actor.global_batch_size
@@ -100,8 +123,9 @@ def memory_per_device(cfg: TrainConfig, topology: Topology) -> Dict[int, Dict[st
     evaluation = dict(model.get("evaluation") or {})
     _add(evaluation, cfg.env.memory_estimate(replace(work, envs_per_process=work.eval_batch)), "env")
     per_device: Dict[int, Dict[str, float]] = {}
+    counts = started_ranks(cfg, topology)
     for component, part in (("env", env), ("rollout", model.get("rollout")), ("actor", model.get("actor"))):
-        for rank, device in enumerate(topology.ids(component)):
+        for rank, device in enumerate(topology.ids(component)[:counts[component]]):
             items = per_device.setdefault(device, {})
             if component == "rollout" and rank == 0:
                 _add(items, evaluation, "evaluation")
@@ -132,7 +156,7 @@ def _memory_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
 
 def describe(cfg: TrainConfig, topology: Topology) -> str:
     """The whole plan as text."""
-    sections = [("placement", _placement_lines(topology)), ("batches", _batch_lines(cfg, topology)),
+    sections = [("placement", _placement_lines(cfg, topology)), ("batches", _batch_lines(cfg, topology)),
                 ("memory estimate per GPU", _memory_lines(cfg, topology))]
     out = [f"[dry run] model {cfg.model.name}, env {cfg.env.name}, device {topology.device_kind}; nothing started"]
     for title, lines in sections:

@@ -13,6 +13,9 @@ and peak memory (CUDA allocator peak, reset between phases; on a CPU the process
   one micro-batch (training samples/s), with the largest gap between the log-probs sampled by the
   rollout copy and re-evaluated by the actor at version 0;
 - publish: trainable tensors gathered and loaded into the rollout copy (bytes, time);
+- sft_openvla: one supervised step (action-token cross-entropy) of the same actor on one micro-batch;
+- sft_pi0: a Pi0 of the released shape (tiny on a CPU) with the Pi0 recipe's LoRA, sharded the same
+  way, one supervised step (flow matching on 50-action chunks) on one micro-batch;
 - maniskill (when ManiSkill's GPU simulation can be imported): 16 PushCube-v1 envs stepped and rendered.
 """
 
@@ -43,6 +46,13 @@ from models.openvla.configuration_openvla import OpenVLAConfig  # noqa: E402
 from models.openvla.modeling_openvla import OpenVLAModel  # noqa: E402
 from models.openvla.policy_openvla import OpenVLAPolicy  # noqa: E402
 from models.openvla.tiny import openvla_7b_config_dict, tiny_config  # noqa: E402
+from models.pi0.chain import ChainSettings  # noqa: E402
+from models.pi0.configuration_pi0 import pi0_base_architecture  # noqa: E402
+from models.pi0.configuration_policy import GEMMA_SIGLIP_LINEARS  # noqa: E402
+from models.pi0.modeling_pi0 import Pi0Model  # noqa: E402
+from models.pi0.policy_pi0 import Pi0Policy, words_tokenizer  # noqa: E402
+from models.pi0.processing_pi0 import Normalization  # noqa: E402
+from models.pi0.tiny import tiny_architecture  # noqa: E402
 
 RECIPE = os.path.join(REPO_ROOT, "configs", "maniskill_async_ppo_openvla.yaml")
 MODEL = os.path.join(REPO_ROOT, "configs", "model", "openvla_rlvla.yaml")
@@ -131,6 +141,42 @@ def settings_for_update(n: int, recipe: dict) -> UpdateSettings:
                           target_kl=None, max_grad_norm=actor["max_grad_norm"])
 
 
+def supervised_step(policy, optimizer, obs, horizon: int, action_dim: int) -> dict:
+    """One optimiser step on the policy's supervised loss for random expert actions in [-1, 1]."""
+    batch = len(obs["task_descriptions"])
+    actions = torch.rand(batch, horizon, action_dim, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    policy.train()
+    optimizer.zero_grad(set_to_none=True)
+    losses, metrics = policy.supervised_loss(obs, actions, torch.zeros(batch, horizon, dtype=torch.bool))
+    losses.mean().backward()
+    optimizer.step()
+    return {"loss": float(losses.detach().float().mean()), "micro_batch": batch}
+
+
+def build_pi0(args, device, dtype):
+    """A random-weight Pi0 (released shape on a GPU, tiny on a CPU) with the Pi0 recipe's LoRA."""
+    arch = pi0_base_architecture(state_dim=8, action_dim=7) if args.shape == "7b" else \
+        tiny_architecture(8, 7, ["base_0_rgb"], chunk_size=50)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Pi0Model(arch).to(dtype)
+        return Pi0Policy(model, Normalization(), words_tokenizer(arch.vocab_size), ChainSettings("flow_sde", 4, 5, 7),
+                         camera_keys=["main_images"], value_head_hidden_sizes=(512, 128), lora_rank=32,
+                         lora_alpha=32, lora_targets=list(GEMMA_SIGLIP_LINEARS), gradient_checkpointing=True)
+
+
+def sft_pi0_phase(args, device, dtype, obs, micro: int) -> dict:
+    policy = build_pi0(args, device, dtype)
+    precision = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    shard_policy(policy, "gpu" if device.type == "cuda" else "cpu", 1, precision)
+    policy_params, value_params = trainable_parameters(policy, policy.value_parameter_prefixes)
+    optimizer = make_optimizer(ActorConfig(optimizer="adamw", lr=2.5e-5, betas=[0.9, 0.95]), policy_params,
+                               value_params)
+    rows = {k: v[:micro] for k, v in obs.items()}
+    rows["states"] = np.zeros((len(rows["task_descriptions"]), 8), dtype=np.float32)
+    return supervised_step(policy, optimizer, rows, policy.supervised_horizon, 7)
+
+
 def init_process_group(device) -> None:
     import socket
 
@@ -193,6 +239,9 @@ def main() -> None:
         len(ppo_batch), settings["recipe"]), lambda t: t, torch.Generator().manual_seed(0), device))
     published = phases.run("publish", lambda: gather_trainable(actor, dtype=dtype))
     phases.run("load", lambda: rollout.load_state_dict(published, strict=False))
+    obs = env.reset(seed=1).obs
+    sft = {"openvla": phases.run("sft_openvla", lambda: supervised_step(actor, optimizer, obs, 1, actor.action_dim))}
+    sft["pi0"] = phases.run("sft_pi0", lambda: sft_pi0_phase(args, device, dtype, obs, micro))
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "shape": args.shape, "dtype": precision, "rollout_batch": batch,
@@ -204,6 +253,7 @@ def main() -> None:
         "train_samples_per_s": round(len(ppo_batch) / phases.report["actor"]["seconds"], 2),
         "published_bytes": tensor_bytes(published),
         "logprob_gap_version_0": gap, "optimizer_steps": metrics["train/actor/optimizer_steps"],
+        "sft": sft,
     }
     report["maniskill_gpu"] = _maniskill(device, phases)
     text = json.dumps(report)

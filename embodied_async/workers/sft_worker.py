@@ -18,6 +18,7 @@ from embodied_async.datasets.batches import (SupervisedSamples, check_against_sp
                                              iterate_batch_indices, resolve_keys, split_episodes)
 from embodied_async.datasets.reader import DatasetReader, resolve_dataset
 from embodied_async.workers.base import process_metrics
+from embodied_async.workers.sharding import reshard
 from embodied_async.workers.trainer_core import TrainerCore
 
 
@@ -135,6 +136,7 @@ class SupervisedWorker(TrainerCore):
                     sums[name] += value
                 count += len(share)
         finally:
+            reshard(self.policy)
             self.policy.train(was_training)
         out = {("val/sft/loss" if k == "loss" else k.replace("train/", "val/")): v / max(count, 1)
                for k, v in sums.items()}

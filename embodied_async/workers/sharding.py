@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 # the Policy methods that run a forward pass on the actor (FSDP must gather around each)
-FORWARD_METHODS = ("evaluate", "value", "predict")
+FORWARD_METHODS = ("evaluate", "value", "predict", "supervised_loss")
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -66,6 +66,17 @@ def shard_policy(policy: nn.Module, device_kind: str, world_size: int, precision
         if hasattr(policy, method):
             register_fsdp_forward_method(policy, method)
     return True
+
+
+def reshard(policy: nn.Module) -> None:
+    """Put a sharded policy's parameters back in shards after forward passes without a backward
+    (a validation loss): the root unit keeps them gathered for the backward it expects, and a
+    state dict or optimiser step taken meanwhile would not find the parameters it knows."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in policy.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def trainable_parameters(policy: nn.Module, value_prefixes: Iterable[str]) -> Tuple[list, list]:

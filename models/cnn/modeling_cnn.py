@@ -28,7 +28,8 @@ class ImageEncoder(nn.Module):
         self.proj = nn.Sequential(layer_init(nn.Linear(flat, feature_dim)), nn.ReLU())
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.permute(0, 3, 1, 2).float() / 255.0
+        # in the weights' dtype: under bf16 compute FSDP casts floating inputs, not uint8 images
+        x = images.permute(0, 3, 1, 2).to(self.proj[0].weight.dtype) / 255.0
         return self.proj(self.convs(x))
 
 
@@ -92,7 +93,9 @@ class CNNPolicy(nn.Module):
 
     def supervised_loss(self, obs, actions, action_pad):
         """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""
-        features = self._features(self._inputs(obs, update_stats=False))
+        inputs = self._inputs(obs, update_stats=False)
+        dtype = self.actor[0].weight.dtype  # bf16 compute: FSDP casts tensor arguments, not an obs dict
+        features = self._features({k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()})
         device = features.device
         return gaussian_supervised_loss(self.head, self.actor(features), as_tensor(actions, device=device),
                                         as_tensor(action_pad, dtype=torch.bool, device=device))

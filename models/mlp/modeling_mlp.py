@@ -55,7 +55,8 @@ class MLPPolicy(nn.Module):
 
     def supervised_loss(self, obs, actions, action_pad):
         """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""
-        states = self._inputs(obs, update_stats=False)
+        # in the weights' dtype: under bf16 compute FSDP casts tensor arguments, not an obs dict
+        states = self._inputs(obs, update_stats=False).to(self.actor[0].weight.dtype)
         return gaussian_supervised_loss(self.head, self.actor(states), as_tensor(actions, device=states.device),
                                         as_tensor(action_pad, dtype=torch.bool, device=states.device))
 

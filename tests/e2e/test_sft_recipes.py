@@ -21,8 +21,11 @@ def test_rl_starts_from_the_sft_weights_and_statistics(tmp_path):
     from embodied_async.runner import run
 
     root = random_demonstrations(str(tmp_path / "demos"), build_config(tmp_path / "probe").env, episodes=6, length=8)
+    # SFT under FSDP2 with bf16 compute, a validation loss (forward passes without a backward)
+    # right before each checkpoint
     run(build_config(tmp_path / "sft", "runner.mode=sft", f"dataset.root={root}", "runner.max_steps=6", LOCAL,
-                     "runner.val_check_interval=3", "runner.save_interval=3", "actor.lr=3e-3"))
+                     "runner.val_check_interval=3", "runner.save_interval=3", "actor.lr=3e-3",
+                     "model.precision=bfloat16"))
     checkpoint = tmp_path / "sft" / "logs" / "checkpoints" / "global_step_6"
     sft_state = load_tree(str(checkpoint), "model")
     rl_cfg = build_config(tmp_path / "rl", f"model.init_from={checkpoint}", "runner.max_steps=1", LOCAL,

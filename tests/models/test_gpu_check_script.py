@@ -25,7 +25,9 @@ def test_gpu_check_runs_tiny_on_cpu_without_ray_maniskill_hydra(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert json.loads(output.read_text()) == report
-    assert set(report["phases"]) == {"build", "rollout", "shard", "actor", "publish", "load"}
+    assert set(report["phases"]) == {"build", "rollout", "shard", "actor", "publish", "load", "sft_openvla",
+                                     "sft_pi0"}
+    assert all(report["sft"][family]["loss"] > 0 for family in ("openvla", "pi0"))
     assert all(p["seconds"] >= 0 and p["peak_memory_gb"] > 0 for p in report["phases"].values())
     assert all(report["phases"][name]["seconds"] > 0 for name in ("build", "rollout", "actor"))
     assert report["rollout_decisions_per_s"] > 0 and report["train_samples_per_s"] > 0
