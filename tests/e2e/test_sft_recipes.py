@@ -28,6 +28,14 @@ def test_rl_starts_from_the_sft_weights_and_statistics(tmp_path):
                      "model.precision=bfloat16"))
     checkpoint = tmp_path / "sft" / "logs" / "checkpoints" / "global_step_6"
     sft_state = load_tree(str(checkpoint), "model")
+    # resumed at step 3, the run takes the same batches and steps: the same weights at step 6
+    halfway = tmp_path / "sft" / "logs" / "checkpoints" / "global_step_3"
+    run(build_config(tmp_path / "resumed", "runner.mode=sft", f"dataset.root={root}", "runner.max_steps=6", LOCAL,
+                     "runner.val_check_interval=3", "runner.save_interval=3", "actor.lr=3e-3",
+                     "model.precision=bfloat16", f"runner.resume_dir={halfway}"))
+    resumed = load_tree(str(tmp_path / "resumed" / "logs" / "checkpoints" / "global_step_6"), "model")
+    for name, value in sft_state.items():
+        torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=1e-5)
     rl_cfg = build_config(tmp_path / "rl", f"model.init_from={checkpoint}", "runner.max_steps=1", LOCAL,
                           "runner.val_check_interval=0", "actor.lr=1e-12", "actor.critic_warmup_steps=0")
     run(rl_cfg)
