@@ -222,8 +222,11 @@ class DatasetConfig:
     validation_fraction: float = 0.1
     # batches mix the frames of this many episodes at a time (each decoded about once per pass)
     window_episodes: int = 32
-    # decoded episodes kept in memory per trainer rank
+    # decoded episodes kept in memory per trainer rank (and per decoding worker)
     cache_episodes: int = 64
+    # processes per trainer rank that decode and assemble batches ahead of the step (0: the
+    # trainer does it between steps); worth it when video decoding is what a step waits for
+    num_workers: int = 0
 
 
 @dataclass

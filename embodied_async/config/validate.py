@@ -246,6 +246,8 @@ def _check_supervised(cfg: TrainConfig) -> None:
     for key in ("dataset.window_episodes", "dataset.cache_episodes", "sft.validation_batches"):
         section, name = key.split(".")
         positive(getattr(getattr(cfg, section), name), key)
+    bound(cfg.dataset.num_workers, "dataset.num_workers", lambda v: v >= 0, "must be >= 0",
+          "use 0 to decode in the trainer, or N processes per trainer rank")
     choice(cfg.sft.lr_schedule, "sft.lr_schedule", ("cosine", "constant"))
     bound(cfg.sft.lr_warmup_steps, "sft.lr_warmup_steps", lambda v: v >= 0, "must be >= 0", "use 0 for none")
     bound(cfg.sft.min_lr_ratio, "sft.min_lr_ratio", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
+import torch.utils.data
 
 from embodied_async.datasets.lerobot_format import DatasetError
 from embodied_async.datasets.reader import DatasetReader
@@ -61,6 +62,11 @@ class SupervisedBatch:
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
+
+    def rows(self, index) -> "SupervisedBatch":
+        obs = {k: (v[index] if k != "task_descriptions" else list(np.asarray(v, dtype=object)[index]))
+               for k, v in self.obs.items()}
+        return SupervisedBatch(obs=obs, actions=self.actions[index], action_pad=self.action_pad[index])
 
 
 def check_mapping(reader: DatasetReader, keys: Dict[str, str]) -> None:
@@ -187,3 +193,44 @@ def iterate_batch_indices(samples: SupervisedSamples, batch_size: int, seed: int
         for b in range(skip, per_epoch):
             yield order[b * batch_size:(b + 1) * batch_size]
         epoch, skip = epoch + 1, 0
+
+
+class _BatchStream(torch.utils.data.IterableDataset):
+    """Batches made in a worker process: batch ``b`` of the sequence by worker ``b % workers``
+    (torch's DataLoader then hands them out in order, so the sequence is the same as without
+    workers). Picklable: each worker process opens the dataset again (its own decoded cache)."""
+
+    def __init__(self, root: str, keys: Dict[str, str], chunk: int, episodes: Sequence[int], batch_size: int,
+                 seed: int, window_episodes: int, start_batch: int, rank: int, world_size: int, cache: int):
+        self.args = (root, keys, chunk, list(episodes), batch_size, seed, window_episodes, start_batch, rank,
+                     world_size, cache)
+
+    def __iter__(self):
+        root, keys, chunk, episodes, batch_size, seed, window, start, rank, world, cache = self.args
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        samples = SupervisedSamples(DatasetReader(root, cache_episodes=cache), keys, chunk, episodes)
+        indices = iterate_batch_indices(samples, batch_size, seed, window, start_batch=start)
+        for number, batch in enumerate(indices):
+            if number % workers == worker:
+                yield samples.batch(batch[rank::world])
+
+
+def _as_is(item):
+    return item
+
+
+def batch_stream(samples: SupervisedSamples, batch_size: int, seed: int, window_episodes: int, start_batch: int,
+                 rank: int, world_size: int, num_workers: int) -> Iterator[SupervisedBatch]:
+    """This rank's share of each global batch, forever: made here, or by ``num_workers``
+    processes ahead of time (when decoding video is what the step waits for)."""
+    if num_workers == 0:
+        for indices in iterate_batch_indices(samples, batch_size, seed, window_episodes, start_batch=start_batch):
+            yield samples.batch(indices[rank::world_size])
+        return
+    stream = _BatchStream(samples.reader.root, samples.keys, samples.chunk, samples.episodes, batch_size, seed,
+                          window_episodes, start_batch, rank, world_size, samples.reader.cache_episodes)
+    # spawn: the trainer is a Ray worker with threads of its own, which a fork would copy half-way
+    yield from torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_as_is,
+                                           multiprocessing_context="spawn", prefetch_factor=2,
+                                           persistent_workers=False)

@@ -14,8 +14,8 @@ import torch
 
 from embodied_async.algorithms.schedules import lr_factor
 from embodied_async.contracts import SupervisedPolicy
-from embodied_async.datasets.batches import (SupervisedSamples, check_against_spec, check_mapping,
-                                             iterate_batch_indices, resolve_keys, split_episodes)
+from embodied_async.datasets.batches import (SupervisedBatch, SupervisedSamples, batch_stream, check_against_spec,
+                                             check_mapping, iterate_batch_indices, resolve_keys, split_episodes)
 from embodied_async.datasets.reader import DatasetReader, resolve_dataset
 from embodied_async.workers.base import process_metrics
 from embodied_async.workers.sharding import reshard
@@ -54,12 +54,13 @@ class SupervisedWorker(TrainerCore):
         with self._update_lock:  # a checkpoint never sees a half-done step
             return self._train_step()
 
-    def _next_indices(self) -> np.ndarray:
+    def _next_batch(self) -> SupervisedBatch:
         if self._batches is None:  # a resumed run continues the same sequence of batches
-            self._batches = iterate_batch_indices(self.train_samples, self.cfg.actor.global_batch_size,
-                                                  self.cfg.runner.seed, self.cfg.dataset.window_episodes,
-                                                  start_batch=self.version)
-        return next(self._batches)[self.rank::self.world_size]
+            data = self.cfg.dataset
+            self._batches = batch_stream(self.train_samples, self.cfg.actor.global_batch_size, self.cfg.runner.seed,
+                                         data.window_episodes, self.version, self.rank, self.world_size,
+                                         data.num_workers)
+        return next(self._batches)
 
     def _set_lr(self) -> float:
         sft, actor = self.cfg.sft, self.cfg.actor
@@ -70,30 +71,30 @@ class SupervisedWorker(TrainerCore):
             group["lr"] = bases[group["name"]] * factor
         return actor.lr * factor
 
-    def _losses(self, samples: SupervisedSamples, indices: np.ndarray, scale: float, backward: bool):
+    def _losses(self, batch: SupervisedBatch, scale: float, backward: bool):
         """Forward (and backward) over micro-batches; per-sample sums of the loss and metrics."""
         sums: Dict[str, float] = defaultdict(float)
         micro = self.cfg.actor.micro_batch_size
-        for start in range(0, len(indices), micro):
-            batch = samples.batch(indices[start:start + micro])
-            actions = torch.as_tensor(batch.actions, device=self.device)
-            pad = torch.as_tensor(batch.action_pad, device=self.device)
-            losses, metrics = self.policy.supervised_loss(batch.obs, actions, pad)
+        for start in range(0, len(batch), micro):
+            batch_part = batch.rows(slice(start, start + micro))
+            actions = torch.as_tensor(batch_part.actions, device=self.device)
+            pad = torch.as_tensor(batch_part.action_pad, device=self.device)
+            losses, metrics = self.policy.supervised_loss(batch_part.obs, actions, pad)
             if backward:
                 (losses.float().sum() * scale).backward()
             sums["loss"] += float(losses.detach().float().sum())
             for name, value in metrics.items():
-                sums[name] += float(value) * len(batch)
+                sums[name] += float(value) * len(batch_part)
         return sums
 
     def _train_step(self) -> Dict[str, float]:
         start, start_cpu = time.perf_counter(), time.thread_time()
-        indices = self._next_indices()
+        batch = self._next_batch()
         lr = self._set_lr()
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         # each rank averages over its share; FSDP averages the gradients over ranks
-        sums = self._losses(self.train_samples, indices, 1.0 / len(indices), backward=True)
+        sums = self._losses(batch, 1.0 / len(batch), backward=True)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -105,7 +106,7 @@ class SupervisedWorker(TrainerCore):
             self.optimizer.step()
             self.optimizer_steps += 1
         self.version += 1
-        out = {f"train/sft/{k}" if k == "loss" else k: v / len(indices) for k, v in sums.items()}
+        out = {f"train/sft/{k}" if k == "loss" else k: v / len(batch) for k, v in sums.items()}
         out.update({"train/sft/lr": lr, "train/sft/grad_norm": float(grad_norm),
                     "train/sft/nonfinite_skipped": float(skipped),
                     "train/sft/epoch": self.version * self.cfg.actor.global_batch_size / self.train_samples.num_frames,
@@ -131,8 +132,8 @@ class SupervisedWorker(TrainerCore):
             sums: Dict[str, float] = defaultdict(float)
             count = 0
             for _, indices in zip(range(self.cfg.sft.validation_batches), batches):
-                share = indices[self.rank::self.world_size]
-                for name, value in self._losses(self.val_samples, share, 0.0, backward=False).items():
+                share = self.val_samples.batch(indices[self.rank::self.world_size])
+                for name, value in self._losses(share, 0.0, backward=False).items():
                     sums[name] += value
                 count += len(share)
         finally:

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import FIXTURES
 from embodied_async.contracts import EnvSpec
-from embodied_async.datasets.batches import (SupervisedSamples, check_against_spec, epoch_order, iterate_batch_indices,
+from embodied_async.datasets.batches import (SupervisedSamples, batch_stream, check_against_spec, epoch_order, iterate_batch_indices,
                                              split_episodes)
 from embodied_async.datasets.lerobot_format import DatasetError
 from embodied_async.datasets.reader import DatasetReader
@@ -81,3 +81,15 @@ def test_a_dataset_that_does_not_fit_is_refused_naming_the_key(reader):
     no_wrist = {k: v for k, v in KEYS.items() if k != "wrist_images"}
     with pytest.raises(DatasetError, match="gives \\['wrist_images'\\] but dataset.keys maps no dataset key"):
         check_against_spec(reader, no_wrist, spec(), control_hz=10)
+
+
+def test_decoding_workers_give_the_same_batches_in_the_same_order(reader):
+    samples = SupervisedSamples(reader, KEYS, chunk=2, episodes=range(4))
+    args = dict(batch_size=8, seed=3, window_episodes=2, start_batch=1, rank=1, world_size=2)
+    here = [b for _, b in zip(range(4), batch_stream(samples, num_workers=0, **args))]
+    workers = [b for _, b in zip(range(4), batch_stream(samples, num_workers=2, **args))]
+    for a, b in zip(here, workers):
+        assert len(a) == 4  # this rank's half of a batch of 8
+        np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.obs["main_images"], b.obs["main_images"])
+        assert a.obs["task_descriptions"] == b.obs["task_descriptions"]
