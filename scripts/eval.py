@@ -32,7 +32,7 @@ class EvalError(Exception):
 def main(argv=None) -> int:
     args = _parse(argv)
     try:
-        cfg, checkpoint = _config(args)
+        cfg, checkpoint = load_config(args)
         report = evaluate(cfg, checkpoint, args)
     except EvalError as err:
         print(f"eval error: {err}", file=sys.stderr, flush=True)
@@ -74,11 +74,11 @@ def _parse(argv):
     return args
 
 
-def _is_checkpoint(path: str) -> bool:
+def is_checkpoint(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "runner.json")) and os.path.isfile(os.path.join(path, "model.json"))
 
 
-def _config(args):
+def load_config(args):
     """(validated TrainConfig, the checkpoint folder or None)."""
     from omegaconf import OmegaConf
 
@@ -88,7 +88,7 @@ def _config(args):
 
     register_schema()
     target = args.target
-    if _is_checkpoint(target):
+    if is_checkpoint(target):
         log_dir = os.path.dirname(os.path.dirname(os.path.abspath(target)))
         saved = os.path.join(log_dir, ".hydra", "config.yaml")
         if not os.path.isfile(saved):
@@ -100,7 +100,7 @@ def _config(args):
         checkpoint = target
     else:
         recipe = args.recipe or _recipe_for_model(target)
-        raw = _compose(recipe, [f"model.path={target}", "model.tiny_random_init=false", *args.overrides])
+        raw = compose_recipe(recipe, [f"model.path={target}", "model.tiny_random_init=false", *args.overrides])
         checkpoint = None
     # this process evaluates on --device: the run's placement is not used
     raw.cluster.device_type = "cpu"
@@ -145,7 +145,7 @@ def _schema_name(path: str) -> str:
     return next(d[: -len("_schema")] for d in defaults if isinstance(d, str) and d.endswith("_schema"))
 
 
-def _compose(recipe: str, overrides):
+def compose_recipe(recipe: str, overrides):
     from hydra import compose, initialize_config_dir
 
     if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{recipe}.yaml")):

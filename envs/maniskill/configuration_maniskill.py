@@ -46,6 +46,9 @@ class ManiSkillConfig(EnvConfig):
     extra_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     builder: ClassVar[str] = "envs.maniskill.maniskill_env:ManiSkillEnv"
+    supports_privileged_states: ClassVar[bool] = True  # the CPU backend's sub-envs (check())
+    # our closed-loop controllers of a few tasks (envs/maniskill/scripted.py: SUPPORTED lists them)
+    scripted_expert: ClassVar[Optional[str]] = "envs.maniskill.scripted:build_expert"
 
     def check(self) -> None:
         choice(self.obs_mode, "env.obs_mode", OBS_MODES)
@@ -55,6 +58,10 @@ class ManiSkillConfig(EnvConfig):
         image_size = list(self.image_size)
         require(len(image_size) == 2 and all(v > 0 for v in image_size),
                 f"env.image_size={image_size} must be [height, width] with two positive integers; use e.g. [128, 128]")
+        # the GPU vector env resets a finished sub-env before its last state could be read
+        require(not self.privileged_states or self.sim_backend == "cpu",
+                "env.privileged_states=true needs env.sim_backend=cpu (the GPU vector env resets finished sub-envs "
+                "before their final state can be read): set env.sim_backend=cpu")
         require(self.reward is not None or not self.reward_weights,
                 f"env.reward_weights={dict(self.reward_weights)} is set, but env.reward is null: name the reward "
                 "they weigh (e.g. env.reward=grasp_place) or drop env.reward_weights")

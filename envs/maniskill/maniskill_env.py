@@ -221,6 +221,24 @@ def _flatten_numeric(tree, batch: int) -> List[np.ndarray]:
     return [block for key in sorted(tree) for block in _flatten_numeric(tree[key], batch)]
 
 
+def privileged_states(base, batch: int) -> np.ndarray:
+    """float32 ``[batch, D]``: the vector task ``base`` gives in obs_mode "state" for its current
+    sim state, whatever its own obs mode. ManiSkill puts object poses and goals into the extra
+    observations only when its obs-mode struct asks for state, so ask for this one call; the
+    state mode flattens ``{agent, extra}`` with ``flatten_state_dict`` (insertion order), as here."""
+    from mani_skill.utils import common
+
+    struct = base.obs_mode_struct
+    saved = struct.state
+    struct.state = True
+    try:
+        tree = base._get_obs_state_dict(base.get_info())
+    finally:
+        struct.state = saved
+    flat = common.flatten_state_dict(tree, use_torch=True, device=base.device)
+    return _to_numpy(flat).reshape(batch, -1).astype(np.float32)
+
+
 def _flag(info: dict, key: str, batch: int) -> np.ndarray:
     value = info.get(key) if isinstance(info, dict) else None
     if value is None:
@@ -248,6 +266,9 @@ class ManiSkillEnv:
             raise ValueError(f"env.sim_backend must be one of {SIM_BACKENDS}, got '{self.backend}'")
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+        if env_cfg.privileged_states and self.backend != "cpu":
+            raise ValueError("env.privileged_states=true needs env.sim_backend=cpu (the GPU vector env resets finished "
+                             "sub-envs before their final state can be read)")
         extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
         if env_cfg.robot_uids is not None:
             extra["robot_uids"] = env_cfg.robot_uids
@@ -309,7 +330,7 @@ class ManiSkillEnv:
             self.reset(seed=seed).obs, action_dim=int(self._low.shape[0]),
             num_action_chunks=int(env_cfg.num_action_chunks), action_low=self._low.tolist(),
             action_high=self._high.tolist(), instruction=self.instruction, reports_success=True,
-            reports_fail=True)
+            reports_fail=True, control_hz=float(base.control_freq))
         if self._reward is not None:
             self._check_reward_info(base)
 
@@ -355,6 +376,12 @@ class ManiSkillEnv:
                     raw, _ = self._envs[i].reset()
                     self._rows[i] = self._row(i, raw)
         return self._current_obs()
+
+    @property
+    def task_envs(self) -> List[Any]:
+        """The tasks' own (unwrapped) ManiSkill envs: one per sub-env on the CPU backend, one
+        batched env on the GPU backend. For code that reads the true sim state (a scripted expert)."""
+        return [env.unwrapped for env in self._envs] if self._vec is None else [self._vec.base_env]
 
     def close(self) -> None:
         """Release the simulators (idempotent)."""
@@ -458,6 +485,8 @@ class ManiSkillEnv:
     def _row(self, i: int, raw) -> Observation:
         """Sub-env ``i``'s observation (CPU backend), with its video frame when rendering videos."""
         row = self._normalise(raw, 1)
+        if self.cfg.privileged_states:
+            row["privileged_states"] = privileged_states(self._envs[i].unwrapped, 1)
         if self.cfg.render_video:
             frame = _to_numpy(self._envs[i].unwrapped.render_rgb_array())
             row[VIDEO_KEY] = frame.reshape(1, *frame.shape[-3:])[..., :3].astype(np.uint8)

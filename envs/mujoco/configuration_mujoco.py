@@ -39,6 +39,7 @@ class MujocoConfig(EnvConfig):
     reward_scale: float = 1.0
 
     builder: ClassVar[str] = "envs.mujoco.mujoco_env:MujocoEnv"
+    supports_privileged_states: ClassVar[bool] = True  # every family's full state (SubEnv.state)
     # the module holding the family's sub-env class (``SubEnv``) and its name checks
     task_module: ClassVar[str] = ""
 
@@ -100,6 +101,8 @@ class MetaWorldConfig(MujocoConfig):
     name: str = "metaworld"
 
     task_module: ClassVar[str] = "envs.mujoco.metaworld_tasks"
+    # Meta-World's own scripted policy of the task (metaworld.policies)
+    scripted_expert: ClassVar[Optional[str]] = "envs.mujoco.metaworld_tasks:build_expert"
 
     def check(self) -> None:
         bound(self.max_episode_steps, "env.max_episode_steps", lambda v: 1 <= v <= 500, "must be within 1-500",

@@ -16,6 +16,8 @@ class GymSubEnv:
         space = env.action_space
         self.action_low, self.action_high = (np.asarray(v, dtype=np.float32) for v in (space.low, space.high))
         model = env.unwrapped.model
+        # gymnasium's MuJoCo envs step dt = timestep x frame skip (or substeps) seconds per action
+        self.control_hz = 1.0 / float(env.unwrapped.dt)
         self.camera_names = [model.camera(i).name for i in range(model.ncam)]
         self._obs = None
 

@@ -83,3 +83,29 @@ class SubEnv(GymSubEnv):
         for key, name in (("env.main_camera", cfg.main_camera), ("env.wrist_camera", cfg.wrist_camera)):
             if name not in (None, NO_CAMERA) and name not in cameras:
                 raise ValueError(f"{key}={name!r} is not a Meta-World camera; its cameras: {', '.join(cameras)} (or 'none')")
+
+
+class ScriptedExpert:
+    """Meta-World's scripted policy of the task (``metaworld.policies``) on every sub-env of a
+    ``MujocoEnv``: it reads each simulator's own 39-value observation, not the env's (an rgb
+    env gives only the proprioception)."""
+
+    def __init__(self, env, policy):
+        self.env, self.policy = env, policy
+
+    def __call__(self, obs) -> np.ndarray:
+        actions = np.asarray([self.policy.get_action(sub.state(full=True).astype(np.float64))
+                              for sub in self.env.sub_envs], dtype=np.float32)
+        # its gains ask for more than the env executes: give the executed action (a dataset's)
+        low, high = np.asarray(self.env.spec.action_low), np.asarray(self.env.spec.action_high)
+        return np.clip(actions, low, high).astype(np.float32)[:, None, :]
+
+
+def build_expert(env_cfg: MetaWorldConfig, env) -> ScriptedExpert:
+    """The expert of ``env_cfg.task`` (``env.scripted_expert`` of the Meta-World family)."""
+    from metaworld.policies import ENV_POLICY_MAP
+
+    if env_cfg.task not in ENV_POLICY_MAP:
+        raise ValueError(f"Meta-World has no scripted policy for env.task={env_cfg.task!r}; it has them for: "
+                         f"{', '.join(sorted(ENV_POLICY_MAP))}")
+    return ScriptedExpert(env, ENV_POLICY_MAP[env_cfg.task]())

@@ -8,7 +8,8 @@ and renders camera images with MuJoCo's own renderer on EGL.
 
 A family supplies ``SubEnv`` (``envs/mujoco/<family>_tasks.py``), one simulator with:
 
-- ``instruction``, ``action_low``/``action_high``, ``camera_names``, ``default_cameras``
+- ``instruction``, ``action_low``/``action_high``, ``control_hz`` (actions per simulated second),
+  ``camera_names``, ``default_cameras``
   (main, wrist or None), ``upside_down_cameras`` (turned by 180 degrees when drawn),
   ``reports_fail``, ``mj_model``/``mj_data`` (what the renderer draws);
 - ``seed(seed)`` (for the next reset), ``reset()``, ``step(action) -> (reward, success, fail)``,
@@ -105,7 +106,7 @@ class MujocoEnv:
         self.spec = EnvSpec.from_observation(
             self.reset().obs, action_dim=len(self._low), num_action_chunks=int(env_cfg.num_action_chunks),
             action_low=self._low.tolist(), action_high=self._high.tolist(), instruction=self.instruction,
-            reports_success=True, reports_fail=first.reports_fail)
+            reports_success=True, reports_fail=first.reports_fail, control_hz=float(first.control_hz))
 
     def _choose_cameras(self, sub) -> Dict[str, Optional[str]]:
         main, wrist = sub.default_cameras
@@ -187,6 +188,12 @@ class MujocoEnv:
                   "controller gains avoid it", flush=True)
         return True
 
+    @property
+    def sub_envs(self) -> list:
+        """The simulators, one per sub-env (the ``SubEnv`` of the family): for code that reads the
+        true task state, e.g. a scripted expert."""
+        return list(self._subs)
+
     def reset_envs(self, indices: Sequence[int]) -> Observation:
         for i in np.atleast_1d(np.asarray(indices, dtype=np.int64)):
             self._subs[int(i)].reset()
@@ -206,6 +213,8 @@ class MujocoEnv:
     def _observe(self, i: int) -> Observation:
         sub, cfg = self._subs[i], self.cfg
         row: Observation = {"states": sub.state(full=cfg.obs_mode == "state")[None].astype(np.float32)}
+        if cfg.privileged_states:  # the state mode's vector, whatever this env's obs mode
+            row["privileged_states"] = sub.state(full=True)[None].astype(np.float32)
         if cfg.obs_mode == "rgb":
             height, width = (int(v) for v in cfg.image_size)
             for key, camera in self._cameras.items():

@@ -167,6 +167,7 @@ class SubEnv:
                 horizon=10**9, ignore_done=True, hard_reset=False)  # the time limit is MujocoEnv's
         self.action_low, self.action_high = (np.asarray(v, dtype=np.float32) for v in self.env.action_spec)
         self.instruction = INSTRUCTIONS.get(cfg.task) or _words(cfg.task)
+        self.control_hz = float(cfg.control_freq)
         self.camera_names = list(self.env.sim.model.camera_names)
         wrist = "robot0_eye_in_hand" if "robot0_eye_in_hand" in self.camera_names else None
         self.default_cameras = ("agentview" if "agentview" in self.camera_names else self.camera_names[0], wrist)

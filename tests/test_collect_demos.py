@@ -1,0 +1,162 @@
+"""scripts/collect_demos.py: episodes of a scripted expert or of a run's checkpoint (a teacher)
+written as a LeRobot dataset that DatasetReader reads back (cameras, states, executed actions, the
+instruction as task, a seed per episode); appending; Ctrl-C; bad input named in one line, exit 2."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+from embodied_async.datasets.reader import DatasetReader
+from teacher_checkpoints import make_teacher
+
+SCRIPT = os.path.join(REPO_ROOT, "scripts", "collect_demos.py")
+sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")
+
+
+def run(*args, timeout=300):
+    env = dict(os.environ, MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl")
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def collection(root):
+    with open(os.path.join(root, "meta", "collection.json")) as f:
+        return json.load(f)
+
+
+def collect_in_process(*args):
+    """main() here, for input refused before any worker starts."""
+    import collect_demos
+
+    return collect_demos.main([str(a) for a in args])
+
+
+@pytest.mark.slow
+def test_scripted_episodes_of_an_rgb_env_are_read_back(tmp_path):
+    out = tmp_path / "pushcube"
+    proc = run("maniskill_pushcube_rgb_ee", "--source", "scripted", "--episodes", 2, "--out", out,
+               "--num-workers", 1, "--codec", "h264", "--seed", 7)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[collect] 2/2 episodes kept, 2 attempted (source success 100%)" in proc.stderr
+    reader = DatasetReader(str(out))
+    assert reader.num_episodes == 2 and reader.fps == 20  # PushCube's control rate
+    assert reader.features["observation.images.main"]["shape"] == [64, 64, 3]
+    assert reader.features["observation.images.main"]["dtype"] == "video"
+    assert reader.features["action"]["shape"] == [4]  # pd_ee_delta_pos: xyz + gripper
+    assert reader.features["observation.state"]["shape"] == [25]  # the rgb mode's proprioception + TCP pose
+    assert reader.tasks == ["push the cube to the goal region"]
+    meta = collection(out)
+    assert [e["seed"] for e in meta["episodes"]] == [7, 8]
+    assert all(e["success"] and e["source"] == "scripted" and e["return_"] > 0 for e in meta["episodes"])
+    assert meta["env"]["task_id"] == "PushCube-v1" and meta["env"]["image_size"] == [64, 64]
+    assert "num_envs" not in meta["env"] and "render_video" not in meta["env"]
+    frames = reader.episode_frames("observation.images.main", 0)
+    assert frames.shape == (len(reader.episode_range(0)), 64, 64, 3) and frames.std() > 10  # a scene
+    assert np.abs(reader.numbers["action"]).max() <= 1.0
+
+
+@pytest.mark.slow
+def test_a_state_trained_teacher_acts_on_privileged_states_while_the_dataset_records_images(tmp_path):
+    teacher = make_teacher(str(tmp_path / "run"))  # state-mode PushCube, pd_joint_delta_pos
+    out = tmp_path / "teacher"
+    proc = run("maniskill_pushcube_rgb", f"--source=teacher:{teacher}", "--episodes", 2, "--out", out,
+               "--num-workers", 1, "--keep-failures", "env.max_episode_steps=6", "env.image_size=[32,32]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reader = DatasetReader(str(out))
+    assert reader.num_episodes == 2 and len(reader) == 12  # random weights: both run to the time limit
+    assert reader.features["observation.images.main"]["shape"] == [32, 32, 3]
+    assert "privileged_states" not in str(reader.features)  # the teacher's view is not recorded
+    episodes = collection(out)["episodes"]
+    assert [e["source"] for e in episodes] == [f"teacher:{teacher}"] * 2 and not any(e["success"] for e in episodes)
+    # deterministic: the teacher's actions are its means, not samples
+    assert np.abs(np.diff(reader.numbers["action"], axis=0)).max() < 0.5
+
+
+def interrupt_when_kept(proc, timeout: float = 120) -> str:
+    """SIGINT once a progress line says an episode is kept; the process's stdout."""
+    deadline = time.time() + timeout
+    for line in proc.stderr:
+        if line.startswith("[collect] ") and not line.startswith("[collect] 0/") and "kept" in line:
+            break
+        assert time.time() < deadline, f"no episode kept within {timeout} s"
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=60)[0]
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_episodes_so_far_and_an_append_continues_the_seeds(tmp_path):
+    out = tmp_path / "state"
+    env = dict(os.environ, MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl")
+    proc = subprocess.Popen([sys.executable, SCRIPT, "maniskill_pushcube", "--source", "scripted", "--episodes",
+                             "1000", "--out", str(out), "--num-workers", "1"], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout = interrupt_when_kept(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "stopped by Ctrl-C" in stdout
+    kept = DatasetReader(str(out)).num_episodes
+    assert 1 <= kept < 1000 and [e["seed"] for e in collection(out)["episodes"]] == list(range(kept))
+
+    proc = run("maniskill_pushcube", "--source", "scripted", "--episodes", 2, "--out", out, "--num-workers", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [e["seed"] for e in collection(out)["episodes"]] == list(range(kept + 2))  # two workers, in order
+    reader = DatasetReader(str(out))
+    assert reader.num_episodes == kept + 2 and "observation.images.main" not in reader.features  # state: no video
+    assert reader.features["action"]["shape"] == [8]  # pd_joint_delta_pos: 7 joints + gripper
+
+
+def test_appending_episodes_of_another_env_config_is_refused_before_collecting(tmp_path, capsys):
+    import collect_demos
+
+    from embodied_async.datasets.writer import DatasetWriter
+
+    args = collect_demos._parse(["maniskill_pushcube", "--source", "scripted", "--episodes", "1", "--out",
+                                 str(tmp_path)])
+    theirs = dict(collect_demos.make_plan(args).collection_env, max_episode_steps=30)
+    features = {"observation.state": {"dtype": "float32", "shape": [2]}, "action": {"dtype": "float32", "shape": [1]}}
+    with DatasetWriter(str(tmp_path), 20, features, collection={"env": theirs}) as writer:
+        writer.add_episode({"observation.state": np.zeros((3, 2)), "action": np.zeros((3, 1))}, "push", seed=0)
+    assert collect_in_process("maniskill_pushcube", "--source", "scripted", "--episodes", 1, "--out", tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "was collected in another env config (env.max_episode_steps: 30 there, 50 here)" in err
+
+
+def test_an_unknown_env_is_named_with_the_choices(tmp_path, capsys):
+    assert collect_in_process("maniskill_pushcub", "--source", "scripted", "--episodes", 1, "--out", tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("collect error: 'maniskill_pushcub' is neither an env yaml") and "maniskill_pushcube," in err
+    assert "\n" not in err
+
+
+def test_a_teacher_of_another_control_mode_is_refused_naming_both(tmp_path, capsys):
+    teacher = make_teacher(str(tmp_path / "run"))
+    assert collect_in_process("maniskill_pushcube_rgb_ee", "--source", f"teacher:{teacher}", "--episodes", 1,
+                              "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "the teacher was trained on control_mode='pd_joint_delta_pos', this env is control_mode='pd_ee_delta_pos'" \
+        in err and "env.control_mode=pd_joint_delta_pos" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--source", "teacher:/nonexistent"], "not a checkpoint folder of a run"),
+    (["--source", "scripted", "env.num_action_chunks=2"], "env.num_action_chunks=2: the envs return one observation"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    assert collect_in_process("maniskill_pushcube", *args, "--episodes", 1, "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("collect error:") and message in err and err.count("\n") == 1
+
+
+def test_a_family_without_a_scripted_expert_is_refused(tmp_path, capsys):
+    assert collect_in_process("synthetic_bridge", "--source", "scripted", "--episodes", 1, "--out", tmp_path) == 2
+    assert "has no scripted expert (env.scripted_expert): use --source teacher:" in capsys.readouterr().err
