@@ -266,3 +266,39 @@ def test_prune_after_resuming_from_an_older_step_keeps_what_this_run_wrote(tmp_p
     assert sorted(os.listdir(tmp_path)) == ["global_step_20", "global_step_5", "global_step_6"]
     prune_checkpoints(str(tmp_path), 1, 6, protect=[saved])
     assert sorted(os.listdir(tmp_path)) == ["global_step_20", "global_step_6"]
+
+
+def _policy_checkpoint(folder, family="mlp", hidden=8):
+    """A checkpoint folder as a run writes it: the policy's tensors, model_info.json, a manifest."""
+    from embodied_async.checkpoint_io import write_manifest
+
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(4, hidden), nn.Linear(hidden, 2))
+    os.makedirs(folder)
+    save_tree({k: v.detach().clone() for k, v in policy.state_dict().items()}, str(folder), "model")
+    with open(os.path.join(folder, "model_info.json"), "w") as f:
+        json.dump({"family": family, "base": None, "contents": "trainable"}, f)
+    write_manifest(str(folder))
+    return policy
+
+
+def test_init_from_takes_weights_and_refuses_another_family_or_shape(tmp_path):
+    from types import SimpleNamespace
+
+    from embodied_async.workers.trainer_core import check_init_from, load_initial_weights
+
+    source = _policy_checkpoint(tmp_path / "sft")
+    check_init_from(str(tmp_path / "sft"), SimpleNamespace(name="mlp"))
+    target = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    load_initial_weights(target, str(tmp_path / "sft"), SimpleNamespace(name="mlp"))
+    for a, b in zip(source.parameters(), target.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(CheckpointError, match="holds a 'mlp' policy and this run's model.name is 'pi0'"):
+        check_init_from(str(tmp_path / "sft"), SimpleNamespace(name="pi0"))
+    wider = nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 2))
+    with pytest.raises(CheckpointError, match=r"does not fit this mlp policy.*shape \(8, 4\), policy \(16, 4\)"):
+        load_initial_weights(wider, str(tmp_path / "sft"), SimpleNamespace(name="mlp"))
+    with open(tmp_path / "sft" / "model.safetensors", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(CheckpointError, match="model.init_from="):
+        check_init_from(str(tmp_path / "sft"), SimpleNamespace(name="mlp"))

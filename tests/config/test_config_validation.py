@@ -278,3 +278,21 @@ def test_openvla_recipe_needs_its_gpus_and_points_to_the_tiny_one(tmp_path):
     check(cfg, num_gpus=4)  # batch sizes and placement fit 4 GPUs
     with pytest.raises(ConfigError, match="on GPU 2, but this machine has 2 GPUs"):
         check(cfg, num_gpus=2)
+
+
+def test_supervised_and_init_from_settings_are_checked_at_start_up(make_config, tmp_path):
+    with pytest.raises(ConfigError, match="runner.mode=sft needs dataset.root"):
+        make_config("runner.mode=sft")
+    with pytest.raises(ConfigError, match="runner.mode"):
+        make_config("runner.mode=distill")
+    with pytest.raises(ConfigError, match="model.init_from=.* is not a folder"):
+        make_config(f"model.init_from={tmp_path}/nowhere")
+    with pytest.raises(ConfigError, match="model.init_from=.* is a folder but not a checkpoint"):
+        make_config(f"model.init_from={tmp_path}")
+    with pytest.raises(ConfigError, match="sft.lr_schedule"):
+        make_config("runner.mode=sft", f"dataset.root={tmp_path}", "sft.lr_schedule=linear")
+    with pytest.raises(ConfigError, match="dataset.validation_fraction"):
+        make_config("runner.mode=sft", f"dataset.root={tmp_path}", "dataset.validation_fraction=1.0")
+    cfg = make_config("runner.mode=sft", f"dataset.root={tmp_path}", "actor.global_batch_size=7",
+                      "actor.micro_batch_size=7")
+    assert cfg.runner.mode == "sft"  # a supervised batch need not divide a rollout batch
