@@ -109,10 +109,13 @@ def test_publish_sends_only_trainable_tensors(actor):
     worker.publish_weights()
     message = channels.weights.get(key=0, timeout=5)
     trainable = {name: p for name, p in worker.policy.named_parameters() if p.requires_grad}
-    assert set(message.state_dict) == set(trainable)
+    # and the action statistics (buffers): a dataset's range goes with the weights it trained
+    statistics = {name for name, _ in worker.policy.named_buffers() if name.startswith("action_statistics.")}
+    assert statistics and set(message.state_dict) == set(trainable) | statistics
+    assert all(message.state_dict[name].dtype == torch.bfloat16 for name in trainable)  # the rollout's dtype
     sent = sum(t.numel() * t.element_size() for t in message.state_dict.values())
-    assert all(t.dtype == torch.bfloat16 for t in message.state_dict.values())  # the rollout's dtype
-    assert sent == sum(p.numel() for p in trainable.values()) * 2 == worker.published_bytes
+    stats_bytes = sum(message.state_dict[name].numel() * message.state_dict[name].element_size() for name in statistics)
+    assert sent == sum(p.numel() for p in trainable.values()) * 2 + stats_bytes == worker.published_bytes
     total = sum(p.numel() * 2 for p in worker.policy.parameters())
     assert sent < total / 20  # adapters + value head, not the model
 
@@ -128,8 +131,9 @@ def test_checkpoint_holds_the_trainable_state_and_resumes_into_a_fresh_actor(act
     worker.save_checkpoint(folder)
     saved = load_file(os.path.join(folder, "model.safetensors"))
     trainable = {name for name, p in worker.policy.named_parameters() if p.requires_grad}
-    assert len(saved) == len(trainable)  # adapters and value head (fp32), no frozen weight
-    assert all(t.dtype == torch.float32 for t in saved.values())
+    statistics = {name for name, _ in worker.policy.named_buffers() if name.startswith("action_statistics.")}
+    assert set(saved) == trainable | statistics  # adapters, value head (fp32), action range; no frozen weight
+    assert all(saved[name].dtype == torch.float32 for name in trainable)
     with open(os.path.join(folder, "model_info.json")) as f:
         info = json.load(f)
     assert info == {"family": "openvla", "base": lora_config.model.path, "contents": "trainable"}
