@@ -25,10 +25,12 @@ def channel():
     made.destroy()
 
 
-def _produce(channel, key, count, done):
+def _produce(channel, key, count, done, release=None):
     for i in range(count):
         channel.put(EnvOutput.after_reset({"states": np.full((4, 3), i, np.float32)}, 4), key=key)
     done.set()
+    if release is not None:  # stay connected until the consumer took (and acknowledged) every item
+        release.wait(60)
 
 
 def _echo(channel, replies, rounds):
@@ -45,7 +47,9 @@ def test_items_cross_processes_in_order_per_key(channel):
     context = mp.get_context("spawn")
     channel.listen(KEYS[:2])
     done = [context.Event() for _ in range(2)]
-    procs = [context.Process(target=_produce, args=(channel, key, 30, event)) for key, event in zip(KEYS[:2], done)]
+    release = context.Event()
+    procs = [context.Process(target=_produce, args=(channel, key, 30, event, release))
+             for key, event in zip(KEYS[:2], done)]
     for proc in procs:
         proc.start()
     # maxsize 2: each producer gets two items ahead and then waits for us to take one
@@ -59,11 +63,12 @@ def test_items_cross_processes_in_order_per_key(channel):
             out = channel.get(key=key, timeout=30)
             assert float(out.obs["states"][0, 0]) == i
             out.obs["states"][0, 0] = -1.0  # arrays arrive writable (the rollout writes into them)
+    traffic = channel.pop_traffic()  # this process acknowledged 60 items, one byte each
+    release.set()
     for proc in procs:
         proc.join(30)
         assert proc.exitcode == 0
     assert channel.qsize() == 0
-    traffic = channel.pop_traffic()  # this process acknowledged 60 items, one byte each
     assert traffic == {"messages": 60.0, "bytes": 60.0, "refused_connections": 0.0}
 
 
