@@ -10,8 +10,7 @@ import time
 from typing import Dict
 
 from embodied_async.config import Topology, TrainConfig
-from embodied_async.datasets.batches import check_against_spec, check_mapping, resolve_keys
-from embodied_async.datasets.reader import DatasetReader, resolve_dataset
+from embodied_async.datasets.batches import open_dataset
 from embodied_async.metrics import MetricLogger, print_progress
 from embodied_async.registry import build_env
 from embodied_async.runner import Graph, Runner, deferred_sigint
@@ -34,10 +33,7 @@ def probe_env_spec(cfg: TrainConfig):
 def check_dataset(cfg: TrainConfig, env_spec) -> None:
     """The dataset exists, is a LeRobot dataset, and fits the env and the key mapping (raises
     ``DatasetError`` naming the key and what the dataset has)."""
-    reader = DatasetReader(resolve_dataset(cfg.dataset.root, "dataset.root"))
-    keys = resolve_keys(reader, dict(cfg.dataset.keys), env_spec)
-    check_mapping(reader, keys)
-    check_against_spec(reader, keys, env_spec, env_spec.control_hz)
+    reader, keys = open_dataset(cfg.dataset.root, cfg.dataset.keys, env_spec)
     print(f"[sft] dataset {cfg.dataset.root}: {reader.num_episodes} episodes, {len(reader)} frames at {reader.fps} "
           f"fps; inputs {keys}", flush=True)
 

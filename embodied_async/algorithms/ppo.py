@@ -89,7 +89,13 @@ def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device) -
     return torch.cat(out)
 
 
-def _all_finite(loss_finite: bool, grad_norm: torch.Tensor, all_reduce_sum: Callable, world_size: int) -> bool:
+def clip_gradients(policy, max_norm: float) -> torch.Tensor:
+    """Clip the gradients' global norm (over every rank's shards) to ``max_norm``; returns it."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+
+
+def all_ranks_finite(loss_finite: bool, grad_norm: torch.Tensor, all_reduce_sum: Callable, world_size: int) -> bool:
     """True when every rank's losses and the global gradient norm are finite (ranks agree)."""
     ok = torch.tensor([float(loss_finite and bool(torch.isfinite(grad_norm)))])
     return float(all_reduce_sum(ok)[0]) == world_size
@@ -151,10 +157,7 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
         step_metrics.append(micro_metrics)
     if not train_policy:
         _drop_policy_gradients(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
-    if hasattr(grad_norm, "full_tensor"):
-        grad_norm = grad_norm.full_tensor()
-    return loss_finite, step_metrics, grad_norm
+    return loss_finite, step_metrics, clip_gradients(policy, s.max_grad_norm)
 
 
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
@@ -182,7 +185,7 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             loss_finite, step_metrics, grad_norm = _accumulate_gradients(
                 policy, optimizer, batch, mb_index, proximal, s, normalizer, train_policy, device)
             # ---- a NaN/inf loss or gradient would poison the weights for good: skip that step ----
-            if not _all_finite(loss_finite, grad_norm, all_reduce_sum, s.world_size):
+            if not all_ranks_finite(loss_finite, grad_norm, all_reduce_sum, s.world_size):
                 optimizer.zero_grad(set_to_none=True)
                 nonfinite_skipped += 1
                 continue

@@ -112,6 +112,18 @@ def check_against_spec(reader: DatasetReader, keys: Dict[str, str], spec, contro
                            "a policy trained on it would act at the wrong speed; collect at the env's rate")
 
 
+def open_dataset(root: str, keys: Dict[str, Optional[str]], spec, cache_episodes: int = 64) -> tuple:
+    """(reader, resolved key mapping) of the dataset at ``root`` (a folder or hub repo id), checked
+    against the env's ``spec``: the one place a run opens its dataset (launcher and trainers)."""
+    from embodied_async.datasets.reader import resolve_dataset
+
+    reader = DatasetReader(resolve_dataset(root, "dataset.root"), cache_episodes=cache_episodes)
+    resolved = resolve_keys(reader, dict(keys), spec)
+    check_mapping(reader, resolved)
+    check_against_spec(reader, resolved, spec, spec.control_hz)
+    return reader, resolved
+
+
 class SupervisedSamples:
     """Frames of some episodes of a dataset as supervised samples with ``chunk`` actions each."""
 

@@ -14,9 +14,9 @@ import torch
 
 from embodied_async.algorithms.schedules import lr_factor
 from embodied_async.contracts import SupervisedPolicy
-from embodied_async.datasets.batches import (SupervisedBatch, SupervisedSamples, batch_stream, check_against_spec,
-                                             check_mapping, iterate_batch_indices, resolve_keys, split_episodes)
-from embodied_async.datasets.reader import DatasetReader, resolve_dataset
+from embodied_async.algorithms.ppo import all_ranks_finite, clip_gradients
+from embodied_async.datasets.batches import (SupervisedBatch, SupervisedSamples, batch_stream, iterate_batch_indices,
+                                             open_dataset, split_episodes)
 from embodied_async.workers.base import process_metrics
 from embodied_async.workers.sharding import reshard
 from embodied_async.workers.trainer_core import TrainerCore
@@ -26,10 +26,7 @@ class SupervisedWorker(TrainerCore):
     def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
         super().__init__(cfg, topology, rank, device_id, env_spec, channels, seed_offset=95_000)
         data = cfg.dataset
-        self.reader = DatasetReader(resolve_dataset(data.root), cache_episodes=data.cache_episodes)
-        self.keys = resolve_keys(self.reader, dict(data.keys), env_spec)
-        check_mapping(self.reader, self.keys)
-        check_against_spec(self.reader, self.keys, env_spec, env_spec.control_hz)
+        self.reader, self.keys = open_dataset(data.root, data.keys, env_spec, data.cache_episodes)
         self.train_episodes, self.val_episodes = split_episodes(self.reader.num_episodes, data.validation_fraction,
                                                                 cfg.runner.seed)
         self._batches: Optional[Iterator[np.ndarray]] = None
@@ -95,11 +92,9 @@ class SupervisedWorker(TrainerCore):
         self.optimizer.zero_grad(set_to_none=True)
         # each rank averages over its share; FSDP averages the gradients over ranks
         sums = self._losses(batch, 1.0 / len(batch), backward=True)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.max_grad_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        finite = torch.tensor([float(bool(torch.isfinite(grad_norm)) and np.isfinite(sums["loss"]))])
-        skipped = float(self._all_reduce_sum(finite)[0]) < self.world_size
+        grad_norm = clip_gradients(self.policy, self.cfg.actor.max_grad_norm)
+        skipped = not all_ranks_finite(bool(np.isfinite(sums["loss"])), grad_norm, self._all_reduce_sum,
+                                       self.world_size)
         if skipped:  # a NaN/inf would poison the weights for good: skip the step on every rank
             self.optimizer.zero_grad(set_to_none=True)
         else:
