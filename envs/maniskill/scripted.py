@@ -77,7 +77,9 @@ def pick_cube(base) -> Tuple[np.ndarray, np.ndarray]:
     return target, gripper
 
 
-TASKS: Dict[str, Callable] = {"PushCube-v1": push_cube, "PickCube-v1": pick_cube}
+# PullCube-v1 has PushCube's scene with the goal on the robot's side: moving the cube towards its
+# goal from behind it is the same controller
+TASKS: Dict[str, Callable] = {"PushCube-v1": push_cube, "PullCube-v1": push_cube, "PickCube-v1": pick_cube}
 
 
 class ScriptedExpert:

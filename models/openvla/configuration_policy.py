@@ -39,6 +39,9 @@ class OpenVLAPolicyConfig(ModelConfig):
     # build a tiny random-init checkpoint at model.path when that folder does not exist yet
     # (CPU smoke runs and tests: it is saved in the official format and loaded back by path)
     tiny_random_init: bool = False
+    # the side of the images the tiny checkpoint's ViTs take (224 as released; 112 has a quarter of
+    # the patches, for CPU runs); a tiny checkpoint already at model.path must have been made so
+    tiny_image_size: int = 224
 
     builder: ClassVar[str] = "models.openvla.policy_openvla:build_openvla_policy"
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla_tiny"
@@ -52,6 +55,8 @@ class OpenVLAPolicyConfig(ModelConfig):
         bound(self.top_k, "model.top_k", lambda v: v >= 1, "must be >= 1", "use e.g. 50",
               null="to sample from all action tokens")
         choice(self.image_preprocessing, "model.image_preprocessing", ("auto", "torch", "pil"))
+        bound(self.tiny_image_size, "model.tiny_image_size", lambda v: v >= 28 and v % 14 == 0,
+              "must be a multiple of the 14 px patch, at least 28", "use 224 or 112")
         self.lora.check("model.lora")
         self._check_path()
 

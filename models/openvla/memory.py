@@ -30,7 +30,7 @@ def _architecture(model_cfg) -> Tuple[object, str]:
     if os.path.isfile(os.path.join(path, "config.json")):
         return OpenVLAConfig.from_pretrained(path), f"the config.json of {model_cfg.path}"
     if model_cfg.tiny_random_init:
-        return tiny_config(), "the tiny random checkpoint's config"
+        return tiny_config(image_size=model_cfg.tiny_image_size), "the tiny random checkpoint's config"
     try:
         from huggingface_hub import try_to_load_from_cache
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import os
 import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -381,13 +382,24 @@ class OpenVLAPolicy(nn.Module):
             "train/sft/action_l1": float(np.abs(decoded - expert).mean())}
 
 
-def ensure_tiny_checkpoint(path: str, action_dim: int) -> None:
-    """Make the tiny checkpoint at ``path`` (once, whichever worker asks first)."""
+def ensure_tiny_checkpoint(path: str, action_dim: int, image_size: int = 224) -> None:
+    """Make the tiny checkpoint at ``path`` (once, whichever worker asks first); one already there
+    must take ``image_size`` images."""
     from models.checkpoints import make_once
 
     from .tiny import make_tiny_openvla
 
-    make_once(path, lambda folder: make_tiny_openvla(folder, action_dim=action_dim, unnorm_key="tiny"))
+    if not os.path.isdir(path):
+        make_once(path, lambda folder: make_tiny_openvla(folder, action_dim=action_dim, unnorm_key="tiny",
+                                                         image_size=image_size))
+    config_file = os.path.join(path, "config.json")
+    if os.path.isfile(config_file):
+        with open(config_file) as f:
+            sizes = json.load(f).get("image_sizes")
+        if sizes and int(sizes[0]) != int(image_size):
+            raise ValueError(f"the tiny checkpoint at {path} takes {sizes[0]} px images, not "
+                             f"model.tiny_image_size={image_size}: set model.tiny_image_size={sizes[0]}, or remove "
+                             "that folder to make a new one")
 
 
 def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None,
@@ -398,8 +410,8 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         raise ValueError("model.path: an OpenVLA checkpoint folder is required for model 'openvla'")
     if model_cfg.precision not in DTYPES:
         raise ValueError(f"model.precision={model_cfg.precision!r}; use one of {sorted(DTYPES)}")
-    if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
-        ensure_tiny_checkpoint(model_cfg.path, env_spec.action_dim if env_spec else 7)
+    if model_cfg.tiny_random_init:
+        ensure_tiny_checkpoint(model_cfg.path, env_spec.action_dim if env_spec else 7, model_cfg.tiny_image_size)
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
         resolve_checkpoint(model_cfg.path, "the OpenVLA"), dtype=DTYPES[model_cfg.precision], device=device,

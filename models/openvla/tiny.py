@@ -44,14 +44,16 @@ def _norm_stats(action_dim: int, generator: torch.Generator) -> Dict[str, Any]:
     return {"action": action, "proprio": proprio, "num_trajectories": 1, "num_transitions": 1}
 
 
-def tiny_config_dict(action_dim: int = 7, unnorm_key: str = "tiny", seed: int = 0) -> Dict[str, Any]:
-    """The ``config.json`` contents of a tiny OpenVLA (official field names)."""
+def tiny_config_dict(action_dim: int = 7, unnorm_key: str = "tiny", seed: int = 0,
+                     image_size: int = 224) -> Dict[str, Any]:
+    """The ``config.json`` contents of a tiny OpenVLA (official field names); ``image_size`` is
+    the side both ViTs take (224 as released; smaller sizes give fewer patches, each 14 px)."""
     generator = torch.Generator().manual_seed(seed)
     return {
         "model_type": "openvla", "architectures": ["OpenVLAForActionPrediction"],
         "vision_backbone_id": "dinosiglip-vit-so-224px", "llm_backbone_id": "llama2-7b-pure",
         "arch_specifier": "no-align+fused-gelu-mlp", "use_fused_vision_backbone": True,
-        "image_resize_strategy": "resize-naive", "image_sizes": [224, 224],
+        "image_resize_strategy": "resize-naive", "image_sizes": [image_size, image_size],
         "timm_model_ids": [DINOV2_REG4_ID, SIGLIP_224_ID], "timm_override_act_layers": [None, None],
         "hf_llm_id": "meta-llama/Llama-2-7b-hf", "llm_max_length": 2048,
         "pad_token_id": 32000, "pad_to_multiple_of": 64, "n_action_bins": 256, "torch_dtype": "float32",
@@ -78,16 +80,17 @@ def tiny_vision_overrides() -> Dict[str, Any]:
     return {"note": "tiny ViT sizes (timm.create_model extra kwargs)", "timm_create_model_extra_kwargs": TINY_VISION}
 
 
-def tiny_config(action_dim: int = 7, unnorm_key: str = "tiny") -> OpenVLAConfig:
+def tiny_config(action_dim: int = 7, unnorm_key: str = "tiny", image_size: int = 224) -> OpenVLAConfig:
     """The tiny model's architecture (tiny LLM and tiny ViTs), as ``make_tiny_openvla`` saves it."""
-    return OpenVLAConfig.from_dict(tiny_config_dict(action_dim, unnorm_key), tiny_vision_overrides())
+    return OpenVLAConfig.from_dict(tiny_config_dict(action_dim, unnorm_key, image_size=image_size),
+                                   tiny_vision_overrides())
 
 
-def tiny_preprocessor_dict() -> Dict[str, Any]:
-    """``preprocessor_config.json`` of the fused 224 px backbone (bicubic, ImageNet / SigLIP stats)."""
+def tiny_preprocessor_dict(image_size: int = 224) -> Dict[str, Any]:
+    """``preprocessor_config.json`` of the fused backbone (bicubic, ImageNet / SigLIP stats)."""
     return {
         "image_processor_type": "PrismaticImageProcessor", "image_resize_strategy": "resize-naive",
-        "input_sizes": [[3, 224, 224], [3, 224, 224]], "interpolations": ["bicubic", "bicubic"],
+        "input_sizes": [[3, image_size, image_size], [3, image_size, image_size]], "interpolations": ["bicubic", "bicubic"],
         "means": [[0.485, 0.456, 0.406], [0.5, 0.5, 0.5]], "stds": [[0.229, 0.224, 0.225], [0.5, 0.5, 0.5]],
         "use_fused_vision_backbone": True,
     }
@@ -111,14 +114,16 @@ def _init_weights(model: OpenVLAModel, generator: torch.Generator) -> None:
             param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
 
 
-def make_tiny_openvla(folder: str, seed: int = 0, action_dim: int = 7, unnorm_key: str = "tiny") -> str:
+def make_tiny_openvla(folder: str, seed: int = 0, action_dim: int = 7, unnorm_key: str = "tiny",
+                      image_size: int = 224) -> str:
     """Build a tiny random OpenVLA and save it to ``folder`` in the official format; returns ``folder``."""
     os.makedirs(folder, exist_ok=True)
-    raw = tiny_config_dict(action_dim, unnorm_key, seed)
+    raw = tiny_config_dict(action_dim, unnorm_key, seed, image_size)
     overrides = tiny_vision_overrides()
     model = OpenVLAModel(OpenVLAConfig.from_dict(raw, overrides))
     _init_weights(model, torch.Generator().manual_seed(seed + 12345))
-    files = {"config.json": raw, VISION_OVERRIDES_FILE: overrides, "preprocessor_config.json": tiny_preprocessor_dict()}
+    files = {"config.json": raw, VISION_OVERRIDES_FILE: overrides,
+             "preprocessor_config.json": tiny_preprocessor_dict(image_size)}
     for name, content in files.items():
         with open(os.path.join(folder, name), "w") as f:
             json.dump(content, f, indent=2)

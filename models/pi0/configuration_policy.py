@@ -56,6 +56,9 @@ class Pi0PolicyConfig(ModelConfig):
     tokenizer: str = "google/paligemma-3b-pt-224"
     # build a tiny random-init checkpoint at model.path when that folder does not exist yet
     tiny_random_init: bool = False
+    # the side of the images the tiny checkpoint's SigLIP takes (224 as released; 112 has a quarter
+    # of the patches, for CPU runs); a tiny checkpoint already at model.path must have been made so
+    tiny_image_size: int = 224
 
     builder: ClassVar[str] = "models.pi0.policy_pi0:build_pi0_policy"
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openpi_tiny"
@@ -81,6 +84,8 @@ class Pi0PolicyConfig(ModelConfig):
         low_high = list(self.noise_std_bounds)
         require(len(low_high) == 2 and 0 < low_high[0] <= low_high[1],
                 f"model.noise_std_bounds={low_high} must be [low, high] with 0 < low <= high; use e.g. [0.08, 0.16]")
+        bound(self.tiny_image_size, "model.tiny_image_size", lambda v: v >= 28 and v % 14 == 0,
+              "must be a multiple of the 14 px patch, at least 28", "use 224 or 112")
         self.lora.check("model.lora")
         unknown = sorted(set(self.lora.parts) - {"paligemma", "expert"})
         require(not unknown and bool(self.lora.parts),

@@ -25,7 +25,7 @@ def _architecture(model_cfg) -> Tuple[Pi0Architecture, str]:
     if model_cfg.tiny_random_init:
         from .tiny import tiny_architecture
 
-        return tiny_architecture(8, 7, ["base_0_rgb"]), "the tiny random checkpoint's shape"
+        return tiny_architecture(8, 7, ["base_0_rgb"], image_size=model_cfg.tiny_image_size), "the tiny random checkpoint's shape"
     return pi0_base_architecture(), f"the released Pi0's shape (PaliGemma 3B + 300M expert): {model_cfg.path} not here"
 
 

@@ -266,10 +266,14 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
         state_dim = env_spec.obs_shapes["states"][0] if env_spec else 8
         make_once(model_cfg.path, lambda folder: make_tiny_pi0(
             folder, state_dim, env_spec.action_dim if env_spec else 7,
-            cameras=["base_0_rgb", "left_wrist_0_rgb"][:max(1, len(keys))]))
+            cameras=["base_0_rgb", "left_wrist_0_rgb"][:max(1, len(keys))], image_size=model_cfg.tiny_image_size))
     folder = resolve_checkpoint(model_cfg.path, "the Pi0")
     model = load_pi0(folder, dtype=DTYPES[model_cfg.precision], device=device)
     arch = model.arch
+    if model_cfg.tiny_random_init and arch.image_size[0] != model_cfg.tiny_image_size:
+        raise ValueError(f"the tiny checkpoint at {model_cfg.path} takes {arch.image_size[0]} px images, not "
+                         f"model.tiny_image_size={model_cfg.tiny_image_size}: set model.tiny_image_size="
+                         f"{arch.image_size[0]}, or remove that folder to make a new one")
     if model_cfg.normalization_stats:
         normalization = normalization_from_config(model_cfg.normalization_stats, model_cfg.normalization_modes)
         source = "model.normalization_stats"

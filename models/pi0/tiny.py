@@ -4,6 +4,7 @@ statistics), for CPU runs and tests: loaded back through the same loader a real 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,10 +26,13 @@ TINY_VISION = SiglipSize(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=
 
 
 def tiny_architecture(state_dim: int, action_dim: int, cameras: Sequence[str], chunk_size: int = 10,
-                      num_steps: int = 4) -> Pi0Architecture:
-    return Pi0Architecture(vlm=TINY_VLM, expert=TINY_EXPERT, vision=TINY_VISION, vocab_size=1024, chunk_size=chunk_size,
+                      num_steps: int = 4, image_size: int = 224) -> Pi0Architecture:
+    """The tiny shape; ``image_size`` is the side of the images its SigLIP takes (224 as released,
+    fewer 14 px patches below)."""
+    vision = dataclasses.replace(TINY_VISION, num_patches=(image_size // TINY_VISION.patch_size) ** 2)
+    return Pi0Architecture(vlm=TINY_VLM, expert=TINY_EXPERT, vision=vision, vocab_size=1024, chunk_size=chunk_size,
                            num_inference_steps=num_steps, cameras=list(cameras), state_dim=state_dim,
-                           action_dim=action_dim)
+                           action_dim=action_dim, image_size=(image_size, image_size))
 
 
 def _init(model: Pi0Model, generator: torch.Generator) -> None:
@@ -54,9 +58,9 @@ def _features(arch: Pi0Architecture) -> dict:
 
 
 def make_tiny_pi0(folder: str, state_dim: int, action_dim: int, cameras: Sequence[str] = ("base_0_rgb",),
-                  chunk_size: int = 10, num_steps: int = 4, seed: int = 0) -> str:
+                  chunk_size: int = 10, num_steps: int = 4, seed: int = 0, image_size: int = 224) -> str:
     """Write the tiny checkpoint into ``folder``; returns ``folder``."""
-    arch = tiny_architecture(state_dim, action_dim, cameras, chunk_size, num_steps)
+    arch = tiny_architecture(state_dim, action_dim, cameras, chunk_size, num_steps, image_size)
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # leaves the caller's RNG as it was
         torch.manual_seed(seed)
         model = Pi0Model(arch)

@@ -1,4 +1,4 @@
-"""The env families' scripted experts (env.scripted_expert): ours for ManiSkill PushCube and
+"""The env families' scripted experts (env.scripted_expert): ours for ManiSkill PushCube, PullCube and
 PickCube in end-effector and joint delta control, Meta-World's own policies; they solve most
 episodes, and refuse tasks and control modes they do not know, naming the ones they do."""
 
@@ -46,7 +46,7 @@ def maniskill(**overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id, control_mode", [
-    ("PushCube-v1", "pd_ee_delta_pos"), ("PushCube-v1", "pd_joint_delta_pos"),
+    ("PushCube-v1", "pd_ee_delta_pos"), ("PushCube-v1", "pd_joint_delta_pos"), ("PullCube-v1", "pd_ee_delta_pos"),
     ("PickCube-v1", "pd_ee_delta_pos"), ("PickCube-v1", "pd_joint_delta_pos")])
 def test_maniskill_expert_solves_most_episodes(task_id, control_mode):
     assert success_rate(maniskill(task_id=task_id, control_mode=control_mode), episodes=8) >= 0.75

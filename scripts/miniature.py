@@ -1,0 +1,514 @@
+"""The RL4VLA story in miniature, on a CPU: for a tiny random-init VLA family, one command runs
+
+1. ``collect``: scripted demonstrations of the task into a LeRobot dataset (``collect_demos.py``);
+2. ``sft``: supervised fine-tuning on them (the family's ``maniskill_miniature_sft_*`` recipe),
+   evaluated beside training every ``runner.val_check_interval`` steps;
+3. ``eval_sft``: the SFT checkpoint on ``--eval-episodes`` episodes (``eval.py``: greedy tokens
+   for OpenVLA, ``flow_ode`` for Pi0);
+4. ``rl``: async PPO from that checkpoint (``model.init_from``, the ``maniskill_miniature_ppo_*``
+   recipe), evaluated beside training;
+5. ``eval_rl``: the last RL checkpoint on the same episode seeds;
+
+and writes ``<out>/record.json`` and ``<out>/record.png`` (success against SFT steps, then against
+RL env steps, Wilson 95 % intervals), with each phase's wall time, the policy's inference and
+training cost per decision and where the RL phase's time went.
+
+    .venv/bin/python scripts/miniature.py openvla            # or pi0
+    .venv/bin/python scripts/miniature.py openvla env=maniskill_pickcube_rgb_ee --out logs/miniature_openvla_pick
+    .venv/bin/python scripts/miniature.py pi0 --record benchmarks   # also copy the record there, dated
+
+``key=value`` overrides apply to every phase (``env=...``, ``env.*``, ``model.*``); ``sft:key=value``
+or ``rl:key=value`` to one training phase only. A phase that finished is not run again when the
+command is repeated with the same ``--out`` (``--restart`` starts over): a failure or Ctrl-C loses
+only the phase it stopped. Changed settings re-run the first phase they concern and the phases after
+it (``rl:actor.lr=3e-4`` keeps the demonstrations, SFT and its evaluation). Bad input prints
+``miniature error: ...`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+PHASES = ("collect", "sft", "eval_sft", "rl", "eval_rl")
+STATE_FILE = "pipeline.json"
+EVAL_SEED = 20_260_000  # the episode seeds both evaluations share
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    sft_recipe: str
+    rl_recipe: str
+    decision_rule: str  # how evaluation picks an action, for the record
+
+
+FAMILIES: Dict[str, Family] = {
+    "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens"),
+    "pi0": Family("maniskill_miniature_sft_openpi", "maniskill_miniature_ppo_openpi", "flow_ode (no noise)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    demos: int
+    sft_steps: int
+    rl_updates: int
+    eval_episodes: int
+
+
+FULL = Sizes(demos=200, sft_steps=1500, rl_updates=0, eval_episodes=100)  # rl_updates 0: the recipe's own
+SMOKE = Sizes(demos=2, sft_steps=2, rl_updates=1, eval_episodes=2)
+# a smoke run's training phases: small batches, one evaluation of two episodes after the last step
+SMOKE_RUN = ["runner.eval_episodes=2", "runner.eval_num_envs=2", "runner.save_interval=0",
+             "runner.val_check_interval=1000000"]
+SMOKE_SFT = ["actor.global_batch_size=4", "actor.micro_batch_size=2", "sft.lr_warmup_steps=1"]
+SMOKE_RL = ["env.num_envs=2", "rollout.num_steps=4", "actor.global_batch_size=8", "actor.micro_batch_size=4",
+            "actor.critic_warmup_steps=0"]
+
+
+class PipelineError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class PhaseFailed(Exception):
+    """A phase's command failed: its log names why."""
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        pipeline = Pipeline(args)
+        pipeline.run()
+    except PipelineError as err:
+        print(f"miniature error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except PhaseFailed as err:
+        print(f"[miniature] {err}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("[miniature] stopped by Ctrl-C: the phases that finished are kept; run the same command to go on",
+              file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("family", help=f"one of {sorted(FAMILIES)}")
+    parser.add_argument("--out", default=None, help="the pipeline's folder (default logs/miniature_<family>)")
+    parser.add_argument("--demos", type=int, default=None, help=f"demonstration episodes (default {FULL.demos})")
+    parser.add_argument("--sft-steps", type=int, default=None, help=f"SFT steps (default {FULL.sft_steps})")
+    parser.add_argument("--rl-updates", type=int, default=None, help="PPO updates (default: the recipe's)")
+    parser.add_argument("--eval-episodes", type=int, default=None,
+                        help=f"episodes of each evaluation before and after RL (default {FULL.eval_episodes})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and both training runs")
+    parser.add_argument("--smoke", action="store_true", help="a few demonstrations, SFT steps and one RL update")
+    parser.add_argument("--restart", action="store_true", help="discard the phases a previous run finished")
+    parser.add_argument("--record", default=None, help="also copy record.json/.png into this folder, dated")
+    parser.add_argument("overrides", nargs="*", help="key=value (every phase), sft:key=value, rl:key=value")
+    return parser.parse_intermixed_args(argv)
+
+
+class Pipeline:
+    def __init__(self, args):
+        if args.family not in FAMILIES:
+            raise PipelineError(f"unknown family {args.family!r}: use one of {sorted(FAMILIES)}")
+        self.args, self.family = args, FAMILIES[args.family]
+        base = SMOKE if args.smoke else FULL
+        self.sizes = Sizes(demos=args.demos or base.demos, sft_steps=args.sft_steps or base.sft_steps,
+                           rl_updates=args.rl_updates or base.rl_updates,
+                           eval_episodes=args.eval_episodes or base.eval_episodes)
+        for name, value in (("--demos", self.sizes.demos), ("--sft-steps", self.sizes.sft_steps),
+                            ("--eval-episodes", self.sizes.eval_episodes)):
+            if value < 1:
+                raise PipelineError(f"{name} must be >= 1, not {value}")
+        self.common, self.sft_only, self.rl_only = split_overrides(args.overrides)
+        self.out = os.path.abspath(args.out or os.path.join(REPO_ROOT, "logs", f"miniature_{args.family}"))
+        for recipe in (self.family.sft_recipe, self.family.rl_recipe):
+            if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{recipe}.yaml")):
+                raise PipelineError(f"the recipe configs/{recipe}.yaml is missing from this checkout")
+        if args.restart and os.path.isdir(self.out):
+            shutil.rmtree(self.out)
+        os.makedirs(self.out, exist_ok=True)
+        self.state = self._load_state()
+
+    # ---- the phases -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        print(f"[miniature] {self.args.family}: {self.sizes.demos} demonstrations, {self.sizes.sft_steps} SFT steps, "
+              f"{self.sizes.rl_updates or 'the recipe''s'} PPO updates, {self.sizes.eval_episodes} evaluation episodes "
+              f"before and after RL; in {self.out}", flush=True)
+        started = time.time()
+        changed = False  # a phase whose settings changed runs again, and so does every phase after it
+        for phase in PHASES:
+            earlier = self.state["phases"].get(phase)
+            settings = self._phase_settings(phase)
+            if earlier is not None and not changed and earlier.get("settings") == settings:
+                print(f"[miniature] {phase}: done in an earlier run ({earlier['seconds']:.0f} s), kept", flush=True)
+                continue
+            if earlier is not None and not changed:
+                print(f"[miniature] {phase}: its settings changed since the earlier run: running it and the phases "
+                      "after it again", flush=True)
+            changed = True
+            self.state["phases"].pop(phase, None)
+            print(f"[miniature] {phase}: starting", flush=True)
+            phase_start = time.time()
+            result = getattr(self, f"_{phase}")()
+            result["seconds"] = round(time.time() - phase_start, 1)
+            result["settings"] = settings
+            self.state["phases"][phase] = result
+            self._save_state()
+            print(f"[miniature] {phase}: done in {result['seconds']:.0f} s", flush=True)
+        record = build_record(self.out, self.state, self.args.family, self.family, self.sizes)
+        write_record(record, self.out)
+        if self.args.record:
+            copy_record(self.out, self.args.record, record)
+        print(summary_line(record) + f"; record: {os.path.join(self.out, 'record.json')} / .png "
+              f"({time.time() - started:.0f} s in this command)", flush=True)
+
+    def _collect(self) -> Dict:
+        demos = os.path.join(self.out, "demos")
+        shutil.rmtree(demos, ignore_errors=True)  # an unfinished collection is made anew, not appended to
+        command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "collect_demos.py"), self.family.sft_recipe,
+                   "--source", "scripted", "--episodes", str(self.sizes.demos), "--out", demos,
+                   "--num-workers", "2" if self.sizes.demos > 1 else "1", "--seed", str(self.args.seed),
+                   *self.common, "env.num_action_chunks=1"]  # recorded one action a frame, whatever the chunk
+        self._call("collect", command)
+        with open(os.path.join(demos, "meta", "info.json")) as f:
+            info = json.load(f)
+        return {"dataset": demos, "episodes": info["total_episodes"], "frames": info["total_frames"]}
+
+    def _sft(self) -> Dict:
+        log = os.path.join(self.out, "sft")
+        overrides = [f"dataset.root={os.path.join(self.out, 'demos')}", f"runner.max_steps={self.sizes.sft_steps}",
+                     f"runner.seed={self.args.seed}", *self._smoke_overrides(SMOKE_SFT), *self.common, *self.sft_only]
+        self._train("sft", self.family.sft_recipe, log, overrides)
+        return {"log": log, "checkpoint": last_checkpoint(log)}
+
+    def _eval_sft(self) -> Dict:
+        return self._evaluate("eval_sft", self.state["phases"]["sft"]["checkpoint"])
+
+    def _rl(self) -> Dict:
+        log = os.path.join(self.out, "rl")
+        overrides = [f"model.init_from={self.state['phases']['sft']['checkpoint']}", f"runner.seed={self.args.seed}",
+                     *self._smoke_overrides(SMOKE_RL), *self.common, *self.rl_only]
+        if self.sizes.rl_updates:
+            overrides.insert(1, f"runner.max_steps={self.sizes.rl_updates}")
+        self._train("rl", self.family.rl_recipe, log, overrides)
+        return {"log": log, "checkpoint": last_checkpoint(log)}
+
+    def _eval_rl(self) -> Dict:
+        return self._evaluate("eval_rl", self.state["phases"]["rl"]["checkpoint"])
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _smoke_overrides(self, phase: Sequence[str]) -> List[str]:
+        return [*SMOKE_RUN, *phase] if self.args.smoke else []
+
+    def _train(self, phase: str, recipe: str, log: str, overrides: Sequence[str]) -> None:
+        shutil.rmtree(log, ignore_errors=True)  # metrics.jsonl appends: a half-run's records would mix in
+        command = [sys.executable, os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py"),
+                   "--config-name", recipe, f"runner.logger.log_path={log}", *overrides]
+        self._call(phase, command)
+
+    def _evaluate(self, phase: str, checkpoint: str) -> Dict:
+        report = os.path.join(self.out, f"{phase}.json")
+        episodes = self.sizes.eval_episodes
+        num_envs = max(d for d in range(1, 9) if episodes % d == 0)
+        command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), checkpoint, "--episodes",
+                   str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
+                   "--json", report]
+        self._call(phase, command)
+        with open(report) as f:
+            result = json.load(f)
+        return {key: result[key] for key in ("checkpoint", "episodes", "success_rate", "success_rate_ci95",
+                                             "episode_length", "episode_return", "seed", "episode_successes")}
+
+    def _call(self, phase: str, command: List[str]) -> None:
+        """Run ``command``, its output shown and kept in ``<out>/<phase>.log``."""
+        log_file = os.path.join(self.out, f"{phase}.log")
+        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
+                   PYOPENGL_PLATFORM=os.environ.get("PYOPENGL_PLATFORM", "egl"), PYTHONUNBUFFERED="1")
+        with open(log_file, "w") as log:
+            log.write(" ".join(command) + "\n")
+            log.flush()
+            proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, bufsize=1)
+            try:
+                for line in proc.stdout:
+                    log.write(line)
+                    if show_line(line):
+                        print(f"  {line}", end="", flush=True)
+                code = proc.wait()
+            except KeyboardInterrupt:  # the child got the same Ctrl-C: let it save and stop
+                proc.send_signal(signal.SIGINT)
+                proc.wait()
+                raise
+        if code == 2:
+            raise PipelineError(f"{phase}: {last_error(log_file)} (the whole output: {log_file})")
+        if code != 0:
+            raise PhaseFailed(f"{phase} failed (exit {code}): {last_error(log_file)}; the whole output: {log_file}. "
+                              "Run the same command again to retry from this phase")
+
+    def _phase_settings(self, phase: str) -> Dict:
+        """What a phase's result depends on besides the phases before it."""
+        sizes = self.sizes
+        return {
+            "collect": {"family": self.args.family, "demos": sizes.demos, "seed": self.args.seed,
+                        "smoke": self.args.smoke, "overrides": self.common},
+            "sft": {"steps": sizes.sft_steps, "overrides": self.sft_only},
+            "eval_sft": {"episodes": sizes.eval_episodes},
+            "rl": {"updates": sizes.rl_updates, "overrides": self.rl_only},
+            "eval_rl": {"episodes": sizes.eval_episodes},
+        }[phase]
+
+    def _load_state(self) -> Dict:
+        path = os.path.join(self.out, STATE_FILE)
+        if not os.path.isfile(path):
+            return {"phases": {}}
+        try:
+            with open(path) as f:
+                state = json.load(f)
+            if not isinstance(state.get("phases"), dict):
+                raise ValueError("no 'phases' object")
+        except ValueError as err:
+            raise PipelineError(f"{path} is damaged ({err}): use another --out, or --restart to start over") from None
+        return state
+
+    def _save_state(self) -> None:
+        path = os.path.join(self.out, STATE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.state, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def split_overrides(overrides: Sequence[str]):
+    common, sft_only, rl_only = [], [], []
+    for item in overrides:
+        phase, sep, rest = item.partition(":")
+        if sep and phase in ("sft", "rl") and "=" in rest:
+            (sft_only if phase == "sft" else rl_only).append(rest)
+        elif "=" in item:
+            common.append(item)
+        else:
+            raise PipelineError(f"override {item!r}: write key=value (every phase), sft:key=value or rl:key=value")
+    return common, sft_only, rl_only
+
+
+QUIET = ("{", "}", "Token authentication is enabled")  # JSON dumps and Ray's notice: in the phase's log only
+
+
+def show_line(line: str) -> bool:
+    """The lines of a phase worth showing live: progress every 50 steps and at evaluations, the
+    phases' own messages, errors; everything is in ``<out>/<phase>.log``."""
+    if line.startswith("step "):
+        match = re.match(r"step (\d+)/(\d+)", line)
+        return bool(match) and (int(match.group(1)) % 50 == 0 or match.group(1) == match.group(2))
+    if "error" in line.lower():
+        return True
+    return not line.startswith((" ", "\t", *QUIET)) and "][INFO]" not in line and "][WARNING]" not in line
+
+
+def last_error(log_file: str) -> str:
+    with open(log_file) as f:
+        lines = [line.strip() for line in f if line.strip()]
+    for line in reversed(lines):
+        if "error" in line.lower():
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def last_checkpoint(log: str) -> str:
+    root = os.path.join(log, "checkpoints")
+    steps = [int(m.group(1)) for name in (os.listdir(root) if os.path.isdir(root) else [])
+             if (m := re.fullmatch(r"global_step_(\d+)", name))]
+    if not steps:
+        raise PhaseFailed(f"the run in {log} left no checkpoint")
+    return os.path.join(root, f"global_step_{max(steps)}")
+
+
+# ---- the record ---------------------------------------------------------------------------------
+
+def read_metrics(log: str) -> List[Dict]:
+    path = os.path.join(log, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def curve(records: List[Dict], x_key: str, episodes: int) -> List[Dict]:
+    """The in-run evaluations: x, success rate and its Wilson interval over ``episodes``."""
+    from embodied_async.evaluation import wilson_interval
+
+    points = []
+    for r in records:
+        rate = r.get("eval/success_rate")
+        if rate is None:
+            continue
+        wins = int(round(rate * episodes))
+        points.append({x_key: r.get(x_key, r.get("step")), "success_rate": rate,
+                       "ci95": list(wilson_interval(wins, episodes)), "episodes": episodes})
+    return points
+
+
+def run_config(log: str) -> Dict:
+    from omegaconf import OmegaConf
+
+    path = os.path.join(log, ".hydra", "config.yaml")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False) if os.path.isfile(path) else {}
+
+
+def decision_costs(records: List[Dict], actions_per_decision: int, update_epochs: int) -> Dict:
+    """Per decision (one policy call for one sub-env, ``actions_per_decision`` env steps): the
+    rollout's inference ms and the actor's training ms (forward + backward over its
+    ``update_epochs`` passes), and the busy shares of the RL phase's components."""
+    steps = sum(r.get("env/env_steps", 0) for r in records)
+    if not steps:
+        return {}
+    total = lambda key: sum(r.get(key) or 0.0 for r in records)  # noqa: E731
+    wall = records[-1]["wall_time_s"]
+    decisions = steps / actions_per_decision
+    trained = total("train/actor/num_samples") or decisions
+    return {
+        "inference_ms_per_decision": round(1000 * total("time/rollout") / decisions, 2),
+        "training_ms_per_decision": round(1000 * total("time/actor_training") / trained, 2),
+        "update_epochs": update_epochs,
+        "env_ms_per_step": round(1000 * total("time/env") / steps, 2),
+        "actions_per_decision": actions_per_decision,
+        # each component's own work over the phase's wall time (time/env: the env processes' mean)
+        "busy_share": {name: round(total(key) / wall, 3) for name, key in
+                       (("env", "time/env"), ("rollout", "time/rollout"), ("actor", "time/actor_training"))},
+    }
+
+
+def build_record(out: str, state: Dict, family_name: str, family: Family, sizes: Sizes) -> Dict:
+    phases = state["phases"]
+    sft_cfg, rl_cfg = run_config(phases["sft"]["log"]), run_config(phases["rl"]["log"])
+    sft_records, rl_records = read_metrics(phases["sft"]["log"]), read_metrics(phases["rl"]["log"])
+    before, after = phases["eval_sft"], phases["eval_rl"]
+    seconds = {name: phases[name]["seconds"] for name in PHASES}
+    total = sum(seconds.values())
+    env_cfg = rl_cfg.get("env", {})
+    return {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "family": family_name,
+        "task": env_cfg.get("task_id") or env_cfg.get("task") or env_cfg.get("name"),
+        "env": {k: env_cfg.get(k) for k in ("name", "task_id", "obs_mode", "image_size", "control_mode",
+                                             "max_episode_steps") if k in env_cfg},
+        "recipes": {"sft": family.sft_recipe, "rl": family.rl_recipe},
+        "settings": {"family": family_name, **dataclasses.asdict(sizes),
+                     **{f"{name}_settings": phases[name]["settings"] for name in ("collect", "sft", "rl")}},
+        "demonstrations": {k: phases["collect"][k] for k in ("episodes", "frames")},
+        "evaluation": {"decision_rule": family.decision_rule, "episodes": sizes.eval_episodes,
+                       "seed": before["seed"], "before_rl": _eval_entry(before), "after_rl": _eval_entry(after),
+                       "gain": round(after["success_rate"] - before["success_rate"], 3),
+                       "intervals_disjoint": after["success_rate_ci95"][0] > before["success_rate_ci95"][1]},
+        "sft_curve": curve(sft_records, "step", sft_cfg.get("runner", {}).get("eval_episodes", 0)),
+        "rl_curve": curve(rl_records, "env_steps", rl_cfg.get("runner", {}).get("eval_episodes", 0)),
+        "rl_env_steps": rl_records[-1]["env_steps"] if rl_records else 0,
+        "rl_updates": rl_records[-1]["step"] if rl_records else 0,
+        "phase_seconds": seconds,
+        "total_seconds": round(total, 1),
+        "phase_share": {name: round(s / total, 3) for name, s in seconds.items()} if total else {},
+        "rl_costs": decision_costs(rl_records, int(env_cfg.get("num_action_chunks", 1) or 1),
+                                   int(rl_cfg.get("algorithm", {}).get("update_epochs", 1))),
+    }
+
+
+def _eval_entry(result: Dict) -> Dict:
+    return {"success_rate": result["success_rate"], "ci95": result["success_rate_ci95"],
+            "episode_length": result["episode_length"], "checkpoint": result["checkpoint"]}
+
+
+def machine() -> Dict:
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "host": platform.node()}
+
+
+def write_record(record: Dict, out: str) -> None:
+    with open(os.path.join(out, "record.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    write_chart(record, os.path.join(out, "record.png"))
+
+
+def write_chart(record: Dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    evaluation = record["evaluation"]
+    for axis, points, x_key, label, final in (
+            (left, record["sft_curve"], "step", "SFT steps", evaluation["before_rl"]),
+            (right, record["rl_curve"], "env_steps", "RL env steps", evaluation["after_rl"])):
+        xs = [p[x_key] for p in points]
+        if points:
+            rates = [p["success_rate"] for p in points]
+            errors = [[r - p["ci95"][0] for r, p in zip(rates, points)], [p["ci95"][1] - r for r, p in zip(rates, points)]]
+            axis.errorbar(xs, rates, yerr=errors, marker="o", capsize=3,
+                          label=f"beside training ({points[0]['episodes']} episodes)")
+        end = max(xs) if xs else 0
+        low, high = final["ci95"]
+        axis.errorbar([end], [final["success_rate"]], yerr=[[final["success_rate"] - low], [high - final["success_rate"]]],
+                      marker="s", color="black", capsize=4, label=f"final, {evaluation['episodes']} episodes")
+        if x_key == "env_steps":  # RL starts from the SFT checkpoint: its evaluation at 0 env steps
+            start = evaluation["before_rl"]
+            axis.errorbar([0], [start["success_rate"]], yerr=[[start["success_rate"] - start["ci95"][0]],
+                                                              [start["ci95"][1] - start["success_rate"]]],
+                          marker="s", color="gray", capsize=4, label="the SFT checkpoint (start)")
+        axis.set_xlim(left=0)
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower right", fontsize=8)
+    left.set_ylabel("success rate (Wilson 95 %)")
+    left.set_ylim(-0.02, 1.02)
+    fig.suptitle(f"{record['family']} (tiny, random init) on {record['task']}: SFT "
+                 f"{evaluation['before_rl']['success_rate']:.2f} -> RL {evaluation['after_rl']['success_rate']:.2f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def copy_record(out: str, folder: str, record: Dict) -> None:
+    os.makedirs(folder, exist_ok=True)
+    task = re.sub(r"[^A-Za-z0-9]+", "-", str(record["task"])).strip("-").lower()
+    stem = os.path.join(folder, f"{record['date']}-miniature-{record['family']}-{task}")
+    shutil.copyfile(os.path.join(out, "record.json"), stem + ".json")
+    shutil.copyfile(os.path.join(out, "record.png"), stem + ".png")
+    print(f"[miniature] record copied to {stem}.json / .png", flush=True)
+
+
+def summary_line(record: Dict) -> str:
+    evaluation = record["evaluation"]
+    before, after = evaluation["before_rl"], evaluation["after_rl"]
+    interval = lambda e: f"{e['success_rate']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"  # noqa: E731
+    return (f"[miniature] {record['family']} on {record['task']}: success after SFT {interval(before)}, after RL "
+            f"{interval(after)} ({evaluation['episodes']} episodes each, same seeds; gain {evaluation['gain']:+.2f}, "
+            f"intervals {'disjoint' if evaluation['intervals_disjoint'] else 'overlap'}); "
+            f"{record['total_seconds'] / 60:.1f} min of phases")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

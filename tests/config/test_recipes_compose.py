@@ -1,0 +1,36 @@
+"""Every recipe in configs/ composes and passes the start-up checks (the GPU ones as if their GPUs
+were there), so a recipe no test runs cannot rot unseen."""
+
+import glob
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO_ROOT
+from embodied_async.config import resolve
+from embodied_async.config.hydra_schema import register_schema
+
+RECIPES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(REPO_ROOT, "configs", "*.yaml")))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_recipe_composes_and_passes_the_start_up_checks(recipe):
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        cfg = compose(config_name=recipe)
+    train_cfg, topology = resolve(cfg, num_gpus=8)
+    assert train_cfg.runner.logger.log_path.endswith(recipe)  # each recipe logs under its own name
+    assert topology.actor_world_size >= 1
+
+
+def test_the_miniature_recipes_of_a_family_build_the_same_model():
+    """model.init_from takes the SFT checkpoint into the RL run only when both build one shape."""
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        for family in ("openvla", "openpi"):
+            sft, rl = (resolve(compose(config_name=f"maniskill_miniature_{phase}_{family}"))[0]
+                       for phase in ("sft", "ppo"))
+            assert sft.model == rl.model or {k: v for k, v in vars(sft.model).items() if k != "path"} == \
+                {k: v for k, v in vars(rl.model).items() if k != "path"}
+            assert sft.env.num_action_chunks == rl.env.num_action_chunks and sft.env.task_id == rl.env.task_id
