@@ -72,12 +72,14 @@ class Sizes:
 
 FULL = Sizes(demos=200, sft_steps=1500, rl_updates=0, eval_episodes=100)  # rl_updates 0: the recipe's own
 SMOKE = Sizes(demos=2, sft_steps=2, rl_updates=1, eval_episodes=2)
-# a smoke run's training phases: small batches, one evaluation of two episodes after the last step
-SMOKE_RUN = ["runner.eval_episodes=2", "runner.eval_num_envs=2", "runner.save_interval=0",
-             "runner.val_check_interval=1000000"]
-SMOKE_SFT = ["actor.global_batch_size=4", "actor.micro_batch_size=2", "sft.lr_warmup_steps=1"]
-SMOKE_RL = ["env.num_envs=2", "rollout.num_steps=4", "actor.global_batch_size=8", "actor.micro_batch_size=4",
-            "actor.critic_warmup_steps=0"]
+# a smoke run's training phases: small batches; RL evaluates two episodes after its one update, SFT
+# not beside training (its checkpoint is evaluated next)
+SMOKE_RUN = ["runner.eval_episodes=2", "runner.eval_num_envs=2", "runner.save_interval=0"]
+SMOKE_SFT = ["actor.global_batch_size=4", "actor.micro_batch_size=2", "sft.lr_warmup_steps=1",
+             "runner.val_check_interval=0"]
+SMOKE_RL = ["cluster.component_placement={env: 0, rollout: 1, actor: 2}", "env.num_envs=2", "rollout.num_steps=4",
+            "actor.global_batch_size=8", "actor.micro_batch_size=4", "actor.critic_warmup_steps=0",
+            "runner.val_check_interval=1000000"]
 
 
 class PipelineError(Exception):

@@ -302,3 +302,43 @@ def test_init_from_takes_weights_and_refuses_another_family_or_shape(tmp_path):
         f.write(b"x")
     with pytest.raises(CheckpointError, match="model.init_from="):
         check_init_from(str(tmp_path / "sft"), SimpleNamespace(name="mlp"))
+
+
+class _WithValueHead(nn.Module):
+    """A policy shape with a trunk and a value head (``value_parameter_prefixes``)."""
+
+    value_parameter_prefixes = ("value_head.",)
+
+    def __init__(self, value_in: int):
+        super().__init__()
+        self.trunk = nn.Linear(4, 8)
+        self.value_head = nn.Linear(value_in, 1)
+
+
+def test_init_from_starts_a_value_head_of_another_shape_fresh_and_takes_the_rest(tmp_path, capsys):
+    """A supervised run never trains the value head: an RL run whose value head reads another input
+    (model.value_input) takes the checkpoint's other weights and a fresh value head."""
+    from types import SimpleNamespace
+
+    from embodied_async.checkpoint_io import write_manifest
+    from embodied_async.workers.trainer_core import load_initial_weights
+
+    torch.manual_seed(0)
+    source = _WithValueHead(8)
+    os.makedirs(tmp_path / "sft")
+    save_tree({k: v.detach().clone() for k, v in source.state_dict().items()}, str(tmp_path / "sft"), "model")
+    write_manifest(str(tmp_path / "sft"))
+    target = _WithValueHead(31)
+    fresh = target.value_head.weight.detach().clone()
+    load_initial_weights(target, str(tmp_path / "sft"), SimpleNamespace(name="openvla"))
+    assert torch.equal(target.trunk.weight, source.trunk.weight) and torch.equal(target.value_head.weight, fresh)
+    assert "value head" in capsys.readouterr().out
+    # the same shape: the value head comes from the checkpoint too
+    same = _WithValueHead(8)
+    load_initial_weights(same, str(tmp_path / "sft"), SimpleNamespace(name="openvla"))
+    assert torch.equal(same.value_head.weight, source.value_head.weight)
+    # another trunk is still refused
+    other = _WithValueHead(8)
+    other.trunk = nn.Linear(4, 16)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        load_initial_weights(other, str(tmp_path / "sft"), SimpleNamespace(name="openvla"))

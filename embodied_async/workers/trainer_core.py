@@ -81,8 +81,21 @@ def load_initial_weights(policy, folder: str, model_cfg) -> None:
     """``model.init_from``: the checkpoint's weights and observation statistics, nothing else
     (``check_init_from`` verified the files at start-up)."""
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
+    state = load_tree(folder, "model")
+    # a supervised run never trains the value head: one of another shape (another
+    # model.value_input or value_head_hidden_sizes) starts fresh instead of refusing the checkpoint
+    prefixes = tuple(getattr(policy, "value_parameter_prefixes", ()))
+    if prefixes:
+        own = {n: tuple(t.shape) for n, t in [*policy.named_parameters(), *policy.named_buffers()]
+               if n.startswith(prefixes)}
+        theirs = {n: tuple(t.shape) for n, t in state.items() if n.startswith(prefixes)}
+        if theirs != own:
+            state = {n: t for n, t in state.items() if not n.startswith(prefixes)}
+            trainable -= set(own)
+            print(f"[init_from] the value head in {folder} has another shape than this policy's: it starts fresh, "
+                  "the rest of the weights come from the checkpoint", flush=True)
     try:
-        load_model_state(policy, load_tree(folder, "model"), trainable)
+        load_model_state(policy, state, trainable)
     except (KeyError, ValueError) as err:
         raise CheckpointError(f"model.init_from={folder!r} does not fit this {model_cfg.name} policy (another model "
                               f"size, LoRA setting or env?): {err}") from None

@@ -31,6 +31,10 @@ class OpenVLAPolicyConfig(ModelConfig):
     # evaluation samples at this temperature (the RLinf recipe: 0.6); None: greedy actions
     eval_temperature: Optional[float] = None
     value_head_hidden_sizes: List[int] = field(default_factory=lambda: [1024, 512])
+    # what the value head reads: "prompt", the LLM's last hidden state of the prompt (image and
+    # instruction); "privileged_states", the env's privileged state vector (env.privileged_states:
+    # an asymmetric critic for simulators; actions still come from the images alone)
+    value_input: str = "prompt"
     # resized uint8 images in the trajectory instead of float pixel values (8x smaller)
     store_raw_images: bool = False
     # image resizing: "torch" on the policy's device, "pil" (the official processor, bit-exact),
@@ -55,6 +59,7 @@ class OpenVLAPolicyConfig(ModelConfig):
         bound(self.top_k, "model.top_k", lambda v: v >= 1, "must be >= 1", "use e.g. 50",
               null="to sample from all action tokens")
         choice(self.image_preprocessing, "model.image_preprocessing", ("auto", "torch", "pil"))
+        choice(self.value_input, "model.value_input", ("prompt", "privileged_states"))
         bound(self.tiny_image_size, "model.tiny_image_size", lambda v: v >= 28 and v % 14 == 0,
               "must be a multiple of the 14 px patch, at least 28", "use 224 or 112")
         self.lora.check("model.lora")

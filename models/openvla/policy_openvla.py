@@ -91,7 +91,8 @@ class OpenVLAPolicy(nn.Module):
                  image_preprocessing: str = "auto",
                  gradient_checkpointing: bool = False, value_head_hidden_sizes: Sequence[int] = (1024, 512),
                  image_processor: Optional[OpenVLAImageProcessor] = None, tokenizer=None,
-                 prompt_ids_fn: Optional[Callable[[str], List[int]]] = None, store_raw_images: bool = False):
+                 prompt_ids_fn: Optional[Callable[[str], List[int]]] = None, store_raw_images: bool = False,
+                 privileged_value_dim: int = 0):
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (use mode='eval' for greedy), got {temperature}")
@@ -130,7 +131,15 @@ class OpenVLAPolicy(nn.Module):
         self.prompt_ids_fn = prompt_ids_fn or hash_prompt_ids
         hidden = int(config.text_config.hidden_size)
         dtype = vla.projector.fc1.weight.dtype
-        self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
+        # the value head reads the prompt's last hidden state, or (privileged_value_dim > 0) the env's
+        # privileged state vector: an asymmetric critic, for simulators (the actor still sees images)
+        self.privileged_value = privileged_value_dim > 0
+        if self.privileged_value:
+            self.value_head = nn.Sequential(
+                nn.LayerNorm(privileged_value_dim),
+                *make_mlp(privileged_value_dim, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0)).to(dtype)
+        else:
+            self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
         self.lora_enabled = lora_rank > 0
         if self.lora_enabled:
             self._add_lora(lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_init)
@@ -233,6 +242,8 @@ class OpenVLAPolicy(nn.Module):
         inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": self.image_processor.normalize(resized)}
         if self.store_raw_images:  # the resized images: what the actor needs, ~6x less than a 640x480 frame
             inputs["images"] = resized
+        if self.privileged_value:
+            inputs["privileged_states"] = self._privileged_states(obs)
         return inputs
 
     # ------------------------------------------------------------------------------ model pieces
@@ -289,7 +300,7 @@ class OpenVLAPolicy(nn.Module):
         with inference(self):
             hidden, mask, cache = self._prefill(input_ids, attention_mask, pixel_values, use_cache=True)
             last = hidden[:, -1]
-            values = self._value(last)
+            values = None if self.privileged_value else self._value(last)
             tokens, logprob, entropy = [], 0.0, 0.0
             for step in range(self.action_dim):
                 logp = self._action_log_probs(last)
@@ -317,6 +328,10 @@ class OpenVLAPolicy(nn.Module):
         """:meth:`predict` on ready-made left-padded prompt ids and pixel values."""
         tokens, logprobs, _, values = self.generate(input_ids, attention_mask, pixel_values, mode)
         forward_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "action_tokens": tokens}
+        if self.privileged_value:
+            forward_inputs["privileged_states"] = extra_inputs["privileged_states"]
+            with inference(self):
+                values = self._value(forward_inputs["privileged_states"])
         if extra_inputs and "images" in extra_inputs:
             forward_inputs["images"] = extra_inputs["images"]
         else:
@@ -332,6 +347,9 @@ class OpenVLAPolicy(nn.Module):
 
     def value(self, obs) -> torch.Tensor:
         """Values [B] of observations (prompt-only pass, no generation)."""
+        if self.privileged_value:
+            with inference(self):
+                return self._value(self._privileged_states(obs))
         inputs = self._inputs(obs)
         with inference(self):
             hidden, _, _ = self._prefill(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"])
@@ -356,7 +374,14 @@ class OpenVLAPolicy(nn.Module):
         logp = self._action_log_probs(hidden[:, -n - 1:-1])  # position t predicts token t + 1
         index = (tokens.long() - self.token_low).clamp(0, logp.shape[-1] - 1)
         logprobs = logp.gather(-1, index[..., None]).squeeze(-1).sum(-1)
-        return logprobs, self._entropy(logp).sum(-1), self._value(hidden[:, -n - 1])
+        value_input = forward_inputs["privileged_states"] if self.privileged_value else hidden[:, -n - 1]
+        return logprobs, self._entropy(logp).sum(-1), self._value(value_input)
+
+    def _privileged_states(self, obs) -> torch.Tensor:
+        if "privileged_states" not in obs:
+            raise KeyError("the value head reads 'privileged_states' (model.value_input=privileged_states), and the "
+                           "observation has none: set env.privileged_states=true")
+        return as_tensor(obs["privileged_states"], dtype=torch.float32, device=self.device)
 
 
     def supervised_loss(self, obs, actions, action_pad=None) -> Tuple[torch.Tensor, Dict[str, float]]:
@@ -380,6 +405,16 @@ class OpenVLAPolicy(nn.Module):
         return losses.view(-1, n).mean(-1), {
             "train/sft/token_accuracy": float((predicted == tokens).float().mean()),
             "train/sft/action_l1": float(np.abs(decoded - expert).mean())}
+
+
+def _privileged_value_dim(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec]) -> int:
+    if model_cfg.value_input != "privileged_states":
+        return 0
+    if env_spec is None or "privileged_states" not in env_spec.obs_shapes:
+        raise ValueError("model.value_input=privileged_states: the env gives no privileged states; set "
+                         "env.privileged_states=true (families that support it: ManiSkill, robosuite, Meta-World, "
+                         "Fetch)")
+    return int(env_spec.obs_shapes["privileged_states"][0])
 
 
 def ensure_tiny_checkpoint(path: str, action_dim: int, image_size: int = 224) -> None:
@@ -427,6 +462,7 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         gradient_checkpointing=bool(model_cfg.gradient_checkpointing),
         value_head_hidden_sizes=tuple(model_cfg.value_head_hidden_sizes),
         store_raw_images=bool(model_cfg.store_raw_images),
+        privileged_value_dim=_privileged_value_dim(model_cfg, env_spec),
         image_preprocessing=model_cfg.image_preprocessing,
     )
     if env_spec is not None:

@@ -1,6 +1,8 @@
 """scripts/miniature.py, the whole VLA workflow in one command: scripted demonstrations, SFT,
 evaluation, async PPO from the SFT checkpoint, evaluation on the same seeds, the record. Here in
-its smoke size (2 demonstrations, 2 SFT steps, 1 PPO update, 2 evaluation episodes each)."""
+its smoke size (2 demonstrations, 2 SFT steps, 1 PPO update, 2 evaluation episodes each), with
+LoRA on (model.lora.enabled=true for every phase): the tiny OpenVLA's adapters are trained by SFT,
+carried into RL by model.init_from and published to the rollout."""
 
 import json
 import os
@@ -9,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, assert_logs_every_recipe_metric
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "miniature.py")
 
@@ -22,7 +24,8 @@ def _run(*args, timeout=900):
 @pytest.mark.slow
 def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(tmp_path):
     out = tmp_path / "openvla"
-    proc = _run("openvla", "--smoke", "--out", str(out), "--record", str(tmp_path / "benchmarks"))
+    proc = _run("openvla", "--smoke", "--out", str(out), "--record", str(tmp_path / "benchmarks"),
+                "model.lora.enabled=true")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     with open(out / "record.json") as f:
         record = json.load(f)
@@ -44,7 +47,16 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     with open(out / "rl" / ".hydra" / "config.yaml") as f:
         assert f"init_from: {before['checkpoint']}" in f.read()
     assert record["rl_updates"] == 1 and record["rl_env_steps"] > 0
-    assert [p["step"] for p in record["sft_curve"]] == [2]
+    assert record["sft_curve"] == []  # a smoke SFT evaluates only its checkpoint, in eval_sft
+    # the tiny checkpoint was made in the official format at model.path and loaded back by path
+    assert os.path.isfile(out / "rl" / "tiny_openvla" / "model.safetensors")
+    with open(out / "rl" / "metrics.jsonl") as f:
+        rl_records = [json.loads(line) for line in f]
+    assert_logs_every_recipe_metric(rl_records[-1])  # every metric the other recipes log
+    # the rollout evaluated the weights the actor published after its update (adapters + value head)
+    assert rl_records[-1]["eval/version"] == 1.0 and rl_records[-1]["train/actor/published_bytes"] > 0
+    with open(out / "sft" / "checkpoints" / "global_step_2" / "model_info.json") as f:
+        assert json.load(f)["family"] == "openvla"
     assert record["rl_curve"] and record["rl_curve"][-1]["env_steps"] == record["rl_env_steps"]
     assert set(record["phase_seconds"]) == {"collect", "sft", "eval_sft", "rl", "eval_rl"}
     costs = record["rl_costs"]
