@@ -151,8 +151,9 @@ class Pipeline:
     # ---- the phases -------------------------------------------------------------------------
 
     def run(self) -> None:
+        updates = self.sizes.rl_updates or "the recipe's"
         print(f"[miniature] {self.args.family}: {self.sizes.demos} demonstrations, {self.sizes.sft_steps} SFT steps, "
-              f"{self.sizes.rl_updates or 'the recipe''s'} PPO updates, {self.sizes.eval_episodes} evaluation episodes "
+              f"{updates} PPO updates, {self.sizes.eval_episodes} evaluation episodes "
               f"before and after RL; in {self.out}", flush=True)
         started = time.time()
         changed = False  # a phase whose settings changed runs again, and so does every phase after it

@@ -329,6 +329,9 @@ class OpenVLAPolicy(nn.Module):
         tokens, logprobs, _, values = self.generate(input_ids, attention_mask, pixel_values, mode)
         forward_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "action_tokens": tokens}
         if self.privileged_value:
+            if not extra_inputs or "privileged_states" not in extra_inputs:
+                raise KeyError("model.value_input=privileged_states: pass extra_inputs['privileged_states'] (predict "
+                               "does, from the observation)")
             forward_inputs["privileged_states"] = extra_inputs["privileged_states"]
             with inference(self):
                 values = self._value(forward_inputs["privileged_states"])
