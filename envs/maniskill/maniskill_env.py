@@ -53,6 +53,8 @@ INSTRUCTIONS: Dict[str, str] = {
 # ManiSkill's prompt function is a module global; the lock keeps concurrent constructions (the
 # "local" cluster backend runs workers as threads) from restoring each other's patch.
 _PROMPT_LOCK = threading.Lock()
+# The same for the robot's URDF path, a class attribute a low-poly robot copy swaps (_robot_urdf).
+_ROBOT_LOCK = threading.RLock()
 
 
 def task_instruction(task_id: str, instruction: Optional[str] = None) -> str:
@@ -196,6 +198,55 @@ def _refuse_download_prompts(task_id: str):
             download_asset.prompt_yes_no = original
 
 
+def _task_robot_class(task_id: str, robot_uids: Optional[str]):
+    """The agent class ManiSkill builds for ``task_id`` with ``robot_uids`` (null: the task's
+    default, the ``robot_uids`` default of its constructor)."""
+    from mani_skill.agents.registration import REGISTERED_AGENTS
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    uid = robot_uids
+    if uid is None:
+        default = inspect.signature(REGISTERED_ENVS[task_id].cls.__init__).parameters.get("robot_uids")
+        uid = None if default is None else default.default
+    if not isinstance(uid, str) or uid not in REGISTERED_AGENTS:
+        raise ValueError(f"env.robot_mesh_fraction < 1 needs one robot by name; ManiSkill task '{task_id}' uses "
+                         f"{uid!r}: set env.robot_uids, or env.robot_mesh_fraction=1.0")
+    agent_cls = REGISTERED_AGENTS[uid].agent_cls
+    if getattr(agent_cls, "urdf_path", None) is None:
+        raise ValueError(f"env.robot_mesh_fraction < 1 reduces a URDF robot's meshes; '{uid}' has no URDF: set "
+                         "env.robot_mesh_fraction=1.0")
+    return agent_cls
+
+
+@contextlib.contextmanager
+def _robot_urdf(agent_cls, urdf_path: Optional[str]):
+    """ManiSkill reads the robot's URDF from its agent class when it builds a scene: point the
+    class at ``urdf_path`` (None: leave it) for as long as the scene is built."""
+    with _ROBOT_LOCK:  # the attribute is shared by every env of this process: build one at a time
+        if urdf_path is None:
+            yield
+            return
+        original = agent_cls.urdf_path
+        agent_cls.urdf_path = urdf_path
+        try:
+            yield
+        finally:
+            agent_cls.urdf_path = original
+
+
+def _build_robot_from(base, agent_cls, urdf_path: Optional[str]) -> None:
+    """Later scene rebuilds (a reset with reconfiguration) load the same robot copy."""
+    if urdf_path is None:
+        return
+    load_agent = base._load_agent
+
+    def load_agent_from_copy(*args, **kwargs):
+        with _robot_urdf(agent_cls, urdf_path):
+            return load_agent(*args, **kwargs)
+
+    base._load_agent = load_agent_from_copy
+
+
 @functools.lru_cache(maxsize=1)
 def _render_backend() -> str:
     """"gpu" when SAPIEN sees a CUDA device, else "cpu" (saves ManiSkill's fall-back warning)."""
@@ -306,16 +357,25 @@ class ManiSkillEnv:
             kwargs["sensor_configs"] = sensors
         kwargs.update(extra)
 
+        agent_cls, robot_copy = None, None
+        if float(env_cfg.robot_mesh_fraction) < 1.0:
+            from .low_poly import low_poly_urdf
+
+            agent_cls = _task_robot_class(self.task_id, env_cfg.robot_uids)
+            robot_copy = str(low_poly_urdf(agent_cls.urdf_path, float(env_cfg.robot_mesh_fraction)))
+
         self._envs: List[Any] = []  # CPU: one gym env per sub-env
         self._vec = None  # GPU: one ManiSkillVectorEnv
-        with _refuse_download_prompts(self.task_id), _control_mode_named(env_cfg):
+        with _refuse_download_prompts(self.task_id), _control_mode_named(env_cfg), _robot_urdf(agent_cls, robot_copy):
             if self.backend == "cpu":
                 for _ in range(self.num_envs):
                     self._envs.append(gym.make(self.task_id, num_envs=1, **kwargs))
+                    _build_robot_from(self._envs[-1].unwrapped, agent_cls, robot_copy)
             else:
                 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
                 env = gym.make(self.task_id, num_envs=self.num_envs, **kwargs)
+                _build_robot_from(env.unwrapped, agent_cls, robot_copy)
                 self._vec = ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
         base = self._envs[0].unwrapped if self._envs else self._vec.base_env
         space = base.single_action_space

@@ -1,6 +1,8 @@
 """Failure drills: SIGKILL one component mid-run. The run must end within 60 s with a non-zero exit
 and a message naming the component, leave no process behind, and leave its last checkpoint whole
-and resumable."""
+(every file matching its manifest). The checkpoint is written the same way whichever component dies,
+so one drill (the actor's: it dies with the weights it was saving) also resumes from it; the others
+stop at the manifest check to keep the suite's time down."""
 
 import json
 import os
@@ -61,6 +63,8 @@ def test_sigkill_of_a_component_ends_the_run_and_keeps_the_checkpoint(tmp_path, 
     with open(checkpoint / "runner.json") as f:
         saved = json.load(f)
     assert saved["step"] >= 2
+    if component != "actor":
+        return
     resumed = subprocess.run([sys.executable, ENTRY, *SMALL_CLI, f"runner.max_steps={saved['step'] + 1}",
                               f"runner.resume_dir={checkpoint}", f"runner.logger.log_path={tmp_path / 'resumed'}"],
                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
