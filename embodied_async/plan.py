@@ -105,6 +105,9 @@ def _batch_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
         updates = math.ceil(cfg.actor.critic_warmup_steps / max(steps, 1))
         lines.append(f"  critic warm-up: {cfg.actor.critic_warmup_steps} optimiser steps (~{updates} updates) "
                      "train the value head alone")
+    if cfg.actor.policy_lr_warmup_steps:
+        lines.append(f"  policy learning rate: rises linearly to {cfg.actor.lr:g} over the first "
+                     f"{cfg.actor.policy_lr_warmup_steps} policy steps")
     lines.append(f"  staleness: the rollout runs at most {cfg.algorithm.staleness_threshold} version(s) ahead")
     return lines
 

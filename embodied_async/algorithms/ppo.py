@@ -17,6 +17,7 @@ import torch
 from embodied_async.algorithms.advantages import normalize_advantages
 from embodied_async.algorithms.ppo_loss import decoupled_ppo_actor_loss, masked_mean, value_loss
 from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
+from embodied_async.algorithms.schedules import lr_factor
 from embodied_async.data import map_tree
 
 
@@ -65,6 +66,11 @@ class UpdateSettings:
     normalize_advantages: bool
     target_kl: Optional[float]
     max_grad_norm: float
+    # the policy group's learning rate: warmed up linearly over policy_lr_warmup_steps policy
+    # steps (0: left as the optimiser holds it); policy_steps_before counts those of earlier updates
+    policy_lr: float = 0.0
+    policy_lr_warmup_steps: int = 0
+    policy_steps_before: int = 0
 
 
 def _to(device, batch: PPOBatch) -> PPOBatch:
@@ -140,6 +146,12 @@ def _drop_policy_gradients(optimizer) -> None:
             param.grad = None
 
 
+def _set_policy_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        if group.get("name") == "policy":
+            group["lr"] = lr
+
+
 def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Tensor,
                           proximal: Optional[torch.Tensor], s: UpdateSettings, normalizer: float,
                           train_policy: bool, device) -> Tuple[bool, list, torch.Tensor]:
@@ -197,6 +209,10 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                 epoch_minibatches += 1
             sums["train/actor/grad_norm"] += float(grad_norm)
             counts["train/actor/grad_norm"] += 1
+            if train_policy and s.policy_lr_warmup_steps:
+                policy_step = s.policy_steps_before + steps_taken - s.critic_warmup_left
+                _set_policy_lr(optimizer, s.policy_lr * lr_factor(policy_step, s.policy_lr_warmup_steps, 0,
+                                                                  "constant", 1.0))
             optimizer.step()
             steps_taken += 1
         epochs_run += 1

@@ -200,6 +200,10 @@ class ActorConfig:
     # keeps its value bit for bit), so a fresh value head does not push noisy advantages into the
     # policy
     critic_warmup_steps: int = 0
+    # then the policy's learning rate rises linearly from ~0 to actor.lr over this many optimiser
+    # steps: Adam's first steps move every weight by ~lr whatever its gradient, which knocks a
+    # supervised (model.init_from) policy off what it learned
+    policy_lr_warmup_steps: int = 0
     optimizer: str = "adam"  # "adam" (weight decay as L2 in the gradient) | "adamw" (decoupled)
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1e-5

@@ -183,6 +183,8 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
     bound(actor.weight_decay, "actor.weight_decay", lambda v: v >= 0, "must be >= 0", "use 0 for none")
     bound(actor.critic_warmup_steps, "actor.critic_warmup_steps", lambda v: v >= 0, "must be >= 0",
           "use 0 for no warm-up")
+    bound(actor.policy_lr_warmup_steps, "actor.policy_lr_warmup_steps", lambda v: v >= 0, "must be >= 0",
+          "use 0 for the full learning rate from the first policy step")
     bound(actor.max_grad_norm, "actor.max_grad_norm", lambda v: v > 0, "must be > 0",
           "it clips the gradient norm: use e.g. 0.5 (or a large value to clip rarely)")
     for name in ("val_check_interval", "save_interval"):

@@ -81,7 +81,8 @@ class ActorWorker(TrainerCore):
             behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
             huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
             normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
-            max_grad_norm=actor.max_grad_norm)
+            max_grad_norm=actor.max_grad_norm, policy_lr=actor.lr, policy_lr_warmup_steps=actor.policy_lr_warmup_steps,
+            policy_steps_before=max(0, self.optimizer_steps - actor.critic_warmup_steps))
 
     def train_step(self) -> Dict[str, float]:
         """Collect one rollout batch, update, publish. Returns metrics averaged over ranks."""

@@ -106,3 +106,34 @@ def test_rollout_refuses_nonfinite_policy_outputs():
     RolloutWorker._check_finite(worker, logprobs=torch.zeros(4), values=torch.ones(4))
     with pytest.raises(FloatingPointError, match=r"version 7\) produced non-finite values for sub-envs \[2\]"):
         RolloutWorker._check_finite(worker, logprobs=torch.zeros(4), values=torch.tensor([0, 1, float("nan"), 2]))
+
+
+def test_policy_learning_rate_warms_up_after_the_critic_warm_up():
+    policy = TinyPolicy()
+    optimizer = torch.optim.Adam([
+        {"params": [*policy.body.parameters(), *policy.head.parameters()], "name": "policy", "lr": 1e-2},
+        {"params": list(policy.critic.parameters()), "name": "value", "lr": 5e-2},
+    ])
+    seen, step = [], optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append({g["name"]: g["lr"] for g in optimizer.param_groups})
+        first_weight = policy.body[0].weight.detach().clone()
+        step(*args, **kwargs)
+        seen[-1]["moved"] = float((policy.body[0].weight - first_weight).abs().max())
+
+    optimizer.step = recording_step
+    policy.train()
+    # 2 epochs x 4 minibatches = 8 steps: 2 train the critic alone, then 6 policy steps
+    ppo_update(policy, optimizer, batch(), settings(critic_warmup_left=2, policy_lr=1e-2, policy_lr_warmup_steps=4),
+               lambda t: t, torch.Generator().manual_seed(0))
+    assert [s["policy"] for s in seen[2:]] == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2, 1e-2])
+    assert all(s["value"] == 5e-2 for s in seen)
+    assert seen[0]["moved"] == seen[1]["moved"] == 0.0  # the critic warm-up leaves the policy alone
+    # Adam's first step moves a weight by ~lr whatever its gradient: here a quarter of it
+    assert seen[2]["moved"] == pytest.approx(2.5e-3, rel=0.01)
+    # a later update continues the ramp where the earlier ones left it
+    seen.clear()
+    ppo_update(policy, optimizer, batch(), settings(policy_lr=1e-2, policy_lr_warmup_steps=8, policy_steps_before=6),
+               lambda t: t, torch.Generator().manual_seed(0))
+    assert [s["policy"] for s in seen] == pytest.approx([8.75e-3] + [1e-2] * 7)
