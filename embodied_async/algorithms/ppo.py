@@ -138,18 +138,21 @@ def _drop_policy_gradients(optimizer) -> None:
     """Critic warm-up: only the value head may move. The value loss also back-propagates into
     the shared trunk (LoRA adapters), so those gradients are dropped before the step: a
     parameter without a gradient is skipped by the optimiser (no weight decay, no moments)."""
-    groups = [g for g in optimizer.param_groups if g.get("name") == "policy"]
-    if not groups:
-        raise ValueError("critic warm-up needs the optimiser's parameter groups named 'policy' and 'value'")
-    for group in groups:
+    for group in _policy_groups(optimizer, "critic warm-up"):
         for param in group["params"]:
             param.grad = None
 
 
 def _set_policy_lr(optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        if group.get("name") == "policy":
-            group["lr"] = lr
+    for group in _policy_groups(optimizer, "the policy's learning-rate warm-up"):
+        group["lr"] = lr
+
+
+def _policy_groups(optimizer, purpose: str) -> list:
+    groups = [g for g in optimizer.param_groups if g.get("name") == "policy"]
+    if not groups:
+        raise ValueError(f"{purpose} needs the optimiser's parameter groups named 'policy' and 'value'")
+    return groups
 
 
 def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Tensor,
