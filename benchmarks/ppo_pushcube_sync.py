@@ -25,13 +25,22 @@ import numpy as np
 import torch
 from torch import nn
 
+# enhanced_determinism: every auto-reset episode follows from the sub-env's seed (as in our env)
 TASK = dict(id="PushCube-v1", obs_mode="state", control_mode="pd_joint_delta_pos", reward_mode="normalized_dense",
-            sim_backend="cpu", max_episode_steps=50)
+            sim_backend="cpu", max_episode_steps=50, enhanced_determinism=True)
+EVAL_SEED_OFFSET, EVAL_SEED_STRIDE = 10_000_019, 100_003  # as embodied_async.evaluation.evaluation_seed
+
+
+def evaluation_seed(run_seed: int, update: int) -> int:
+    """The episodes the evaluation after ``update`` updates faces: the graph's evaluation of the
+    same version with the same ``runner.seed`` faces the same ones (sub-env ``i``: ``+ i``)."""
+    return EVAL_SEED_OFFSET + run_seed + EVAL_SEED_STRIDE * update
 
 
 # ---- env processes ---------------------------------------------------------------------------
-def env_process(pipe, num_envs: int, seed: int) -> None:
-    """Own ``num_envs`` simulators; answer ("reset",) and ("step", actions [n, A]) with numpy."""
+def env_process(pipe, num_envs: int, first_index: int) -> None:
+    """Own sub-envs ``first_index ..`` (``num_envs``); answer ("reset", seed) (sub-env ``i`` gets
+    ``seed + i``) and ("step", actions [n, A]) with numpy."""
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
 
@@ -42,7 +51,8 @@ def env_process(pipe, num_envs: int, seed: int) -> None:
         while True:
             command = pipe.recv()
             if command[0] == "reset":
-                pipe.send(np.stack([flat(env.reset(seed=seed + i)[0]) for i, env in enumerate(envs)]))
+                pipe.send(np.stack([flat(env.reset(seed=command[1] + first_index + i)[0])
+                                    for i, env in enumerate(envs)]))
             elif command[0] == "cpu":
                 pipe.send(time.thread_time())
             elif command[0] == "step":
@@ -74,20 +84,20 @@ def env_process(pipe, num_envs: int, seed: int) -> None:
 class VectorEnv:
     """``num_envs`` sub-envs split over ``num_procs`` processes, stepped in parallel."""
 
-    def __init__(self, num_envs: int, num_procs: int, seed: int):
+    def __init__(self, num_envs: int, num_procs: int):
         context = mp.get_context("spawn")
         self.num_envs, self.per_proc = num_envs, num_envs // num_procs
         self.pipes, self.procs = [], []
         for p in range(num_procs):
             parent, child = context.Pipe()
-            proc = context.Process(target=env_process, args=(child, self.per_proc, seed + 1000 * p), daemon=True)
+            proc = context.Process(target=env_process, args=(child, self.per_proc, p * self.per_proc), daemon=True)
             proc.start()
             self.pipes.append(parent)
             self.procs.append(proc)
 
-    def reset(self) -> np.ndarray:
+    def reset(self, seed: int) -> np.ndarray:
         for pipe in self.pipes:
-            pipe.send(("reset",))
+            pipe.send(("reset", seed))
         return np.concatenate([pipe.recv() for pipe in self.pipes])
 
     def step(self, actions: np.ndarray):
@@ -153,11 +163,12 @@ class Agent(nn.Module):
 
 
 # ---- training ----------------------------------------------------------------------------------
-def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int) -> float:
+def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int, seed: int) -> float:
     """Success rate of the deterministic policy over ``episodes`` episodes, the same number from
-    every sub-env (the first ``episodes`` to finish would favour short, successful ones)."""
+    every sub-env (the first ``episodes`` to finish would favour short, successful ones), the
+    sub-envs reset with ``seed``."""
     per_env = -(-episodes // envs.num_envs)
-    obs, successes = envs.reset(), [[] for _ in range(envs.num_envs)]
+    obs, successes = envs.reset(seed), [[] for _ in range(envs.num_envs)]
     while min(len(s) for s in successes) < per_env:
         with torch.no_grad():
             actions = agent.actor(norm(obs)).clamp(-1, 1).numpy()
@@ -183,16 +194,16 @@ def main() -> None:
     parser.add_argument("--env-steps", type=int, default=200_000, help="stop after this many env steps")
     parser.add_argument("--target-success", type=float, default=None, help="stop once an evaluation reaches this")
     parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N updates (0: never)")
-    parser.add_argument("--eval-episodes", type=int, default=32)
+    parser.add_argument("--eval-episodes", type=int, default=128)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     torch.set_num_threads(1)
-    envs = VectorEnv(args.num_envs, args.num_procs, args.seed)
-    eval_envs = VectorEnv(8, args.num_procs, args.seed + 10_007) if args.eval_every else None
-    obs = envs.reset()
+    envs = VectorEnv(args.num_envs, args.num_procs)
+    eval_envs = VectorEnv(8, args.num_procs) if args.eval_every else None
+    obs = envs.reset(1000 * args.seed)
     obs_dim, action_dim = obs.shape[1], 8
     agent = Agent(obs_dim, action_dim)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
@@ -260,9 +271,10 @@ def main() -> None:
         train_s += time.perf_counter() - start
         update += 1
         record = {"update": update, "env_steps": env_steps, "train_s": round(train_s, 2),
-                  "env_steps_per_s": round(env_steps / train_s, 1)}
+                  "env_steps_per_s": round(env_steps / train_s, 1), "mean_reward": round(float(rewards.mean()), 6)}
         if eval_envs is not None and update % args.eval_every == 0:
-            record["eval_success"] = evaluate(agent, norm, eval_envs, args.eval_episodes)
+            record["eval_success"] = evaluate(agent, norm, eval_envs, args.eval_episodes,
+                                              evaluation_seed(args.seed, update))
             if reached is None and args.target_success is not None and record["eval_success"] >= args.target_success:
                 reached = {"env_steps": env_steps, "train_s": round(train_s, 2), "update": update}
         history.append(record)
@@ -277,7 +289,7 @@ def main() -> None:
                "env_steps_per_s": round(env_steps / train_s, 1), "collect_s": round(collect_s, 2),
                "learn_s": round(train_s - collect_s, 2), "sim_cpu_ms_per_env_step": round(1000 * sim_cpu / env_steps, 3),
                "target_success": args.target_success,
-               "reached": reached, "last_eval": next((r["eval_success"] for r in reversed(history)
+               "reached": reached, "curve": [r for r in history if "eval_success" in r], "last_eval": next((r["eval_success"] for r in reversed(history)
                                                       if "eval_success" in r), None)}
     print(json.dumps(summary), flush=True)
     if args.json:

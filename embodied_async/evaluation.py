@@ -19,6 +19,15 @@ from typing import Dict, List, Optional
 import numpy as np
 
 VIDEO_KEY = "video_frames"
+EVAL_SEED_OFFSET = 10_000_019  # evaluation episodes never start from a training env's seed
+EVAL_SEED_STRIDE = 100_003  # between the evaluations of consecutive versions (more than any sub-env count)
+
+
+def evaluation_seed(run_seed: int, version: int = 0) -> int:
+    """The seed an evaluation of policy ``version`` resets its env with (sub-env ``i`` gets ``+ i``):
+    every run with ``runner.seed = run_seed`` evaluates version ``version`` on the same episodes
+    (two recipes compared at equal versions face equal episodes), and each version on fresh ones."""
+    return EVAL_SEED_OFFSET + int(run_seed) + EVAL_SEED_STRIDE * int(version)
 
 
 @dataclass

@@ -179,7 +179,7 @@ def evaluate(cfg, checkpoint, args) -> dict:
     import torch
 
     from embodied_async.checkpoint_io import CheckpointError, load_tree, verify_checkpoint
-    from embodied_async.evaluation import run_episodes, write_videos
+    from embodied_async.evaluation import evaluation_seed, run_episodes, write_videos
     from embodied_async.registry import build_env, build_policy
     from embodied_async.workers.sharding import load_model_state
 
@@ -203,7 +203,7 @@ def evaluate(cfg, checkpoint, args) -> dict:
             env_cfg.check_video()
         except ConfigError as err:
             raise EvalError(f"--video-dir cannot be used with this env: {err}") from None
-    seed = args.seed if args.seed is not None else 10_000_019 + cfg.runner.seed  # the run's evaluation seed
+    seed = args.seed if args.seed is not None else evaluation_seed(cfg.runner.seed)  # the run's evaluation seed
     started = time.time()
     print(f"[eval] building the {cfg.env.name} env ({num_envs} sub-envs) and the {cfg.model.name} policy on {device}",
           flush=True)

@@ -23,7 +23,7 @@ class ShortSuccessEnvs:
     def __init__(self):
         self.t = 0
 
-    def reset(self):
+    def reset(self, seed):
         self.t = 0
         return np.zeros((self.num_envs, 3), np.float32)
 
@@ -41,7 +41,19 @@ def test_the_baseline_scores_the_same_number_of_episodes_from_every_sub_env():
     two from each sub-env are 2 successes in 8 (0.25)."""
     baseline = load_script("benchmarks", "ppo_pushcube_sync.py")
     agent, norm = baseline.Agent(3, 2), baseline.RunningMeanStd(3)
-    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=8) == 0.25
+    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=8, seed=0) == 0.25
+
+
+def test_the_baseline_evaluates_each_version_on_the_graphs_episodes():
+    """Evaluation k of the baseline and of the graph face the same episodes (same seed per version),
+    fresh ones for every version."""
+    from embodied_async.evaluation import evaluation_seed
+
+    baseline = load_script("benchmarks", "ppo_pushcube_sync.py")
+    for run_seed in (0, 3):
+        seeds = [baseline.evaluation_seed(run_seed, version) for version in range(0, 400, 5)]
+        assert seeds == [evaluation_seed(run_seed, version) for version in range(0, 400, 5)]
+        assert min(b - a for a, b in zip(seeds, seeds[1:])) > 8  # no episode seed shared between evaluations
 
 
 def test_time_to_success_reads_the_update_that_made_the_evaluated_version():
@@ -58,3 +70,27 @@ def test_time_to_success_reads_the_update_that_made_the_evaluated_version():
     means = bench.success_means({"target": 0.9, "baseline": {0: {"env_steps": 100, "train_s": 1.0}, 1: None,
                                                               2: {"env_steps": 300, "train_s": 3.0}}})
     assert means == {"baseline": {"seeds_reached": 2, "of_seeds": 3, "env_steps": 200, "train_s": 2.0}}
+
+
+def test_parity_reads_first_passages_and_pairs_seeds_in_its_ratio():
+    parity = load_script("scripts", "benchmark_parity.py")
+    records = [{"step": 5, "env_steps": 4000, "train_time_s": 10.0},
+               {"step": 6, "env_steps": 4800, "train_time_s": 12.0, "eval/success_rate": 0.5, "eval/version": 5.0},
+               {"step": 10, "env_steps": 8000, "train_time_s": 20.0},
+               {"step": 11, "env_steps": 8800, "train_time_s": 22.0, "eval/success_rate": 0.92, "eval/version": 10.0}]
+    curve = parity.recipe_curve(records)  # each evaluation at the update that made its version
+    assert [(p["env_steps"], p["train_s"], p["success"]) for p in curve] == [(4000, 10.0, 0.5), (8000, 20.0, 0.92)]
+    assert parity.first_passage(curve, 0.9) == {"env_steps": 8000, "train_s": 20.0}
+    assert parity.first_passage(curve, 0.95) is None
+    never = {"reached": None, "curve": curve}
+    assert parity.to_success(never, "env_steps") == 8000  # censored: its last reading, a lower bound
+
+    grid = [0, 3999, 4000, 7000, 8000, 20000]
+    np.testing.assert_array_equal(parity.held_curve(never, np.array(grid, float), "env_steps"),
+                                  [0, 0, 0.5, 0.5, 0.92, 0.92])
+
+    # paired: seed k of the arm goes with seed k of the baseline in every resample
+    ratio = parity.ratio_of_means([20, 40, 60], [10, 20, 30])
+    assert ratio == {"ratio": 2.0, "low": 2.0, "high": 2.0}
+    spread = parity.ratio_of_means([10, 40, 30, 25], [20, 20, 20, 20])
+    assert spread["low"] < spread["ratio"] == 1.312 < spread["high"]

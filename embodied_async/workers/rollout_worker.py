@@ -13,7 +13,7 @@ import torch
 
 from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.data import ActionMessage, EnvOutput, StepRecord, Trajectory, WeightMessage, slice_observation
-from embodied_async.evaluation import run_episodes
+from embodied_async.evaluation import evaluation_seed, run_episodes
 from embodied_async.normalization import pop_observation_moments
 from embodied_async.registry import build_env, build_policy
 from embodied_async.scheduler.channel import ChannelClosed
@@ -287,7 +287,7 @@ class RolloutWorker:
             env_cfg = self.cfg.env
             if self.cfg.runner.eval_video:
                 env_cfg = replace(env_cfg, render_video=True)
-            self._eval_env = build_env(env_cfg, num_envs, 10_000_019 + self.cfg.runner.seed)
+            self._eval_env = build_env(env_cfg, num_envs, evaluation_seed(self.cfg.runner.seed))
         with self._policy_lock:  # evaluate one version even if new weights arrive meanwhile
             size = sum(p.numel() * p.element_size() for p in self.policy.parameters())
             shared = size > EVAL_COPY_MAX_BYTES
@@ -301,7 +301,8 @@ class RolloutWorker:
 
     def _run_evaluation(self, policy, version: int, num_episodes: int, num_envs: int) -> Dict[str, object]:
         runner = self.cfg.runner
-        result = run_episodes(policy, self._eval_env, num_episodes, runner.eval_video_episodes if runner.eval_video else 0)
+        result = run_episodes(policy, self._eval_env, num_episodes, runner.eval_video_episodes if runner.eval_video else 0,
+                              seed=evaluation_seed(runner.seed, version))
         summary = result.summary(self.reports_success)
         return {"eval/success_rate": summary["success_rate"], "eval/episode_return": summary["episode_return"],
                 "eval/episode_len": summary["episode_length"], "eval/version": float(version),

@@ -340,6 +340,12 @@ class ManiSkillEnv:
             sim_backend=self.backend,
             render_backend="gpu" if self.backend == "gpu" else _render_backend(),
         )
+        if self.backend == "cpu":
+            # an auto-reset episode then starts from the sub-env's own seeded RNG, not from the
+            # process's global torch RNG (which the policy's sampling also draws from): a run's
+            # training episodes follow from its seed, and an evaluation reset with one seed
+            # replays the same episodes in any process
+            kwargs["enhanced_determinism"] = True
         if env_cfg.control_mode:
             kwargs["control_mode"] = env_cfg.control_mode
         if env_cfg.max_episode_steps:

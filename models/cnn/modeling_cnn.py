@@ -56,27 +56,30 @@ class CNNPolicy(nn.Module):
         self.state_dim = state_dim
         self.supervised_horizon = chunks
 
-    def _inputs(self, obs, update_stats: bool) -> dict:
+    def _inputs(self, obs, observe: bool) -> dict:
+        """The raw inputs (states un-normalised: they travel in trajectories, and the actor
+        normalises them with the statistics it publishes next); ``observe`` records the states'
+        moments for the actor."""
         device = self.head.log_std.device
         inputs = {"images": as_tensor(obs["main_images"], torch.uint8, device)}
         if self.state_dim:
             states = as_tensor(obs["states"], device=device)
-            if self.normalizer is not None:
-                if update_stats:
-                    self.normalizer.observe(states)
-                states = self.normalizer(states)
+            if observe and self.normalizer is not None:
+                self.normalizer.observe(states)
             inputs["states"] = states
         return inputs
 
     def _features(self, inputs: dict) -> torch.Tensor:
         features = self.encoder(inputs["images"])
         if self.state_dim:
-            features = torch.cat([features, inputs["states"]], dim=-1)
+            states = inputs["states"] if self.normalizer is None else self.normalizer(inputs["states"])
+            # in the encoder's dtype: under bf16 compute FSDP casts tensor arguments, not an obs dict
+            features = torch.cat([features, states.to(features.dtype)], dim=-1)
         return features
 
     @torch.no_grad()
     def predict(self, obs, mode: str = "train") -> PolicyOutput:
-        inputs = self._inputs(obs, update_stats=(mode == "train"))
+        inputs = self._inputs(obs, observe=(mode == "train"))
         features = self._features(inputs)
         actions, logprobs = self.head.sample(self.actor(features), deterministic=(mode == "eval"))
         return PolicyOutput(actions=actions, logprobs=logprobs, values=self.critic(features).squeeze(-1),
@@ -84,7 +87,7 @@ class CNNPolicy(nn.Module):
 
     @torch.no_grad()
     def value(self, obs) -> torch.Tensor:
-        return self.critic(self._features(self._inputs(obs, update_stats=False))).squeeze(-1)
+        return self.critic(self._features(self._inputs(obs, observe=False))).squeeze(-1)
 
     def evaluate(self, forward_inputs, actions):
         features = self._features(forward_inputs)
@@ -93,9 +96,7 @@ class CNNPolicy(nn.Module):
 
     def supervised_loss(self, obs, actions, action_pad):
         """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""
-        inputs = self._inputs(obs, update_stats=False)
-        dtype = self.actor[0].weight.dtype  # bf16 compute: FSDP casts tensor arguments, not an obs dict
-        features = self._features({k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()})
+        features = self._features(self._inputs(obs, observe=False))
         device = features.device
         return gaussian_supervised_loss(self.head, self.actor(features), as_tensor(actions, device=device),
                                         as_tensor(action_pad, dtype=torch.bool, device=device))

@@ -29,34 +29,38 @@ class MLPPolicy(nn.Module):
         self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
         self.supervised_horizon = chunks
 
-    def _inputs(self, obs, update_stats: bool) -> torch.Tensor:
+    def _raw_states(self, obs, observe: bool) -> torch.Tensor:
         states = as_tensor(obs["states"], device=self.head.log_std.device)
-        if self.normalizer is None:
-            return states
-        if update_stats:
+        if observe and self.normalizer is not None:
             self.normalizer.observe(states)
-        return self.normalizer(states)
+        return states
+
+    def _normalised(self, states: torch.Tensor) -> torch.Tensor:
+        return states if self.normalizer is None else self.normalizer(states)
 
     @torch.no_grad()
     def predict(self, obs, mode: str = "train") -> PolicyOutput:
-        states = self._inputs(obs, update_stats=(mode == "train"))
+        raw = self._raw_states(obs, observe=(mode == "train"))
+        states = self._normalised(raw)
         actions, logprobs = self.head.sample(self.actor(states), deterministic=(mode == "eval"))
         values = self.critic(states).squeeze(-1)
-        return PolicyOutput(actions=actions, logprobs=logprobs, values=values, forward_inputs={"states": states})
+        # the raw states travel: the actor normalises them with the statistics it has just merged,
+        # the ones it publishes with the weights it trains (and the rollout acts with next)
+        return PolicyOutput(actions=actions, logprobs=logprobs, values=values, forward_inputs={"states": raw})
 
     @torch.no_grad()
     def value(self, obs) -> torch.Tensor:
-        return self.critic(self._inputs(obs, update_stats=False)).squeeze(-1)
+        return self.critic(self._normalised(self._raw_states(obs, observe=False))).squeeze(-1)
 
     def evaluate(self, forward_inputs, actions):
-        states = forward_inputs["states"]
+        states = self._normalised(forward_inputs["states"])
         logprobs, entropy = self.head.log_prob_entropy(self.actor(states), actions)
         return logprobs, entropy, self.critic(states).squeeze(-1)
 
     def supervised_loss(self, obs, actions, action_pad):
         """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""
         # in the weights' dtype: under bf16 compute FSDP casts tensor arguments, not an obs dict
-        states = self._inputs(obs, update_stats=False).to(self.actor[0].weight.dtype)
+        states = self._normalised(self._raw_states(obs, observe=False)).to(self.actor[0].weight.dtype)
         return gaussian_supervised_loss(self.head, self.actor(states), as_tensor(actions, device=states.device),
                                         as_tensor(action_pad, dtype=torch.bool, device=states.device))
 

@@ -153,6 +153,51 @@ def test_resume_restores_the_normaliser_and_the_rollout_uses_it(make_config):
         runner._shutdown()
 
 
+def test_a_batch_trains_on_the_statistics_the_rollout_acts_with_next(make_config, monkeypatch):
+    """Synchronous PPO: the actor merges a batch's observation moments, trains on the batch
+    normalised with the merged statistics, and publishes those, so the rollout acts with the very
+    statistics the policy was trained under; no update sees un-normalised states."""
+    from embodied_async.algorithms import ppo
+    from models.mlp.modeling_mlp import MLPPolicy
+
+    acted = []  # per rollout decision: (raw states [B, D], the normaliser's mean and var then)
+    trained = []  # per update: the policy network's inputs over the whole batch, in row order
+    predict, recompute = MLPPolicy.predict, ppo.recompute_logprobs
+
+    def spy_predict(self, obs, mode="train"):
+        if mode == "train":
+            acted.append((np.asarray(obs["states"], np.float64), self.normalizer.mean.clone().numpy(),
+                          self.normalizer.var.clone().numpy()))
+        return predict(self, obs, mode)
+
+    def spy_recompute(policy, batch, *args, **kwargs):
+        seen = []
+        hook = policy.actor.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].double()))
+        try:
+            return recompute(policy, batch, *args, **kwargs)
+        finally:
+            hook.remove()
+            trained.append(torch.cat(seen).detach().numpy())
+
+    monkeypatch.setattr(MLPPolicy, "predict", spy_predict)
+    monkeypatch.setattr(ppo, "recompute_logprobs", spy_recompute)
+    cfg = make_config(*LOCAL, "env.name=scaled_point", "algorithm.staleness_threshold=0",
+                      "rollout.recompute_logprobs=true", "runner.max_steps=3", "runner.save_interval=0")
+    Runner(cfg).run()
+    steps = cfg.rollout.num_steps  # decisions per batch: one env worker, one stage
+    assert len(trained) == 3 and len(acted) >= 3 * steps
+    for k in range(2):  # batches 0 and 1 are followed by a whole rollout of the next version
+        raw = np.concatenate([states for states, _, _ in acted[k * steps:(k + 1) * steps]])  # [T * B, D], t-major
+        following = acted[(k + 1) * steps:(k + 2) * steps]
+        _, mean, var = following[0]
+        for _, other_mean, other_var in following:  # one version's statistics for the whole rollout
+            np.testing.assert_array_equal(other_mean, mean)
+            np.testing.assert_array_equal(other_var, var)
+        assert np.abs(mean).min() > 5, "the states' mean (about 10) is in the statistics trained with"
+        expected = np.clip((raw - mean) / np.sqrt(var + 1e-8), -10, 10)
+        np.testing.assert_allclose(trained[k], expected, atol=1e-5)
+
+
 def test_rollout_predict_never_moves_the_statistics():
     from models.mlp.modeling_mlp import MLPPolicy
     from embodied_async.contracts import EnvSpec

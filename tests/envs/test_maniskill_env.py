@@ -87,6 +87,31 @@ def test_time_limit_bootstraps_and_auto_resets():
         env.close()
 
 
+def test_a_seeded_reset_replays_the_auto_reset_episodes_whatever_else_draws_random_numbers():
+    """An evaluation reset with one seed faces the same episodes in any process: each auto-reset
+    episode follows from the sub-env's seed, not from torch's global RNG (which sampling uses)."""
+    import torch
+
+    def episode_starts(draws: int, seed: int):
+        env = make_env(max_episode_steps=2)
+        try:
+            starts = [env.reset(seed=seed).obs["states"].copy()]
+            for _ in range(3):  # three auto-resets per sub-env
+                torch.rand(draws)  # a policy sampling in the same process
+                for _ in range(2):
+                    out = env.step(np.zeros((2, 1, env.spec.action_dim), np.float32))
+                assert out.dones.all()
+                starts.append(out.obs["states"].copy())
+            return np.stack(starts)
+        finally:
+            env.close()
+
+    first = episode_starts(draws=1, seed=7)
+    np.testing.assert_array_equal(first, episode_starts(draws=1000, seed=7))
+    assert not np.allclose(first[1:], first[:-1])  # every auto-reset is a new episode
+    assert not np.allclose(first, episode_starts(draws=1, seed=8))
+
+
 def test_vector_env_path_matches_cpu_path_on_finishing_chunk():
     """The GPU backend's code path (ManiSkillVectorEnv, in-place auto-reset), run on a 1-env CPU
     scene: a chunk that crosses the time limit reports the same reward and final observation."""

@@ -80,6 +80,7 @@ def _family(class_name: str, name: str, builder: str) -> type:
 FaultyPointConfig = _family("FaultyPointConfig", "faulty_point", "fake_envs:build_faulty_point")
 CrashingPointConfig = _family("CrashingPointConfig", "crashing_point", "fake_envs:build_crashing_point")
 OutcomePointConfig = _family("OutcomePointConfig", "outcome_point", "fake_envs:build_outcome_point")
+ScaledPointConfig = _family("ScaledPointConfig", "scaled_point", "fake_envs:build_scaled_point")
 
 
 def build_faulty_point(env_cfg, num_envs, seed):
@@ -121,3 +122,16 @@ class OutcomeEnv(PointEnv):
 
 def build_outcome_point(env_cfg, num_envs, seed):
     return OutcomeEnv(num_envs, seed, env_cfg.terminal_on_success)
+
+
+class ScaledPointEnv(PointEnv):
+    """The point env with states far from zero mean and unit scale (what a normaliser is for)."""
+
+    def _obs(self):
+        obs = super()._obs()
+        obs["states"] = obs["states"] * 4.0 + 10.0
+        return obs
+
+
+def build_scaled_point(env_cfg, num_envs, seed):
+    return ScaledPointEnv(num_envs, seed)
