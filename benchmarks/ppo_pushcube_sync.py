@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import time
 
@@ -163,11 +164,15 @@ class Agent(nn.Module):
 
 
 # ---- training ----------------------------------------------------------------------------------
-def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int, seed: int) -> float:
+def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int, seed: int,
+             stop_below: float = None) -> tuple:
     """Success rate of the deterministic policy over ``episodes`` episodes, the same number from
     every sub-env (the first ``episodes`` to finish would favour short, successful ones), the
-    sub-envs reset with ``seed``."""
+    sub-envs reset with ``seed``; and the number of episodes scored. ``stop_below``: stop once the
+    rounds every sub-env has completed hold more failures than that rate over ``episodes`` allows,
+    scoring those rounds (as the graph's ``runner.eval_stop_once_below_target``)."""
     per_env = -(-episodes // envs.num_envs)
+    allowed = episodes - math.ceil(stop_below * episodes - 1e-9) if stop_below is not None else None
     obs, successes = envs.reset(seed), [[] for _ in range(envs.num_envs)]
     while min(len(s) for s in successes) < per_env:
         with torch.no_grad():
@@ -176,7 +181,12 @@ def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int,
         for i in np.flatnonzero(terminated | truncated):
             if len(successes[i]) < per_env:
                 successes[i].append(bool(success[i]))
-    return float(np.mean([s for env in successes for s in env]))
+        rounds = min(len(s) for s in successes)
+        if allowed is not None and rounds < per_env and sum(not s for env in successes for s in env[:rounds]) > allowed:
+            successes = [env[:rounds] for env in successes]
+            break
+    scored = [s for env in successes for s in env]
+    return float(np.mean(scored)), len(scored)
 
 
 def main() -> None:
@@ -195,6 +205,8 @@ def main() -> None:
     parser.add_argument("--target-success", type=float, default=None, help="stop once an evaluation reaches this")
     parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N updates (0: never)")
     parser.add_argument("--eval-episodes", type=int, default=128)
+    parser.add_argument("--eval-stop-once-below-target", action="store_true",
+                        help="end an evaluation once its failures rule --target-success out")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -273,8 +285,9 @@ def main() -> None:
         record = {"update": update, "env_steps": env_steps, "train_s": round(train_s, 2),
                   "env_steps_per_s": round(env_steps / train_s, 1), "mean_reward": round(float(rewards.mean()), 6)}
         if eval_envs is not None and update % args.eval_every == 0:
-            record["eval_success"] = evaluate(agent, norm, eval_envs, args.eval_episodes,
-                                              evaluation_seed(args.seed, update))
+            record["eval_success"], record["eval_episodes"] = evaluate(
+                agent, norm, eval_envs, args.eval_episodes, evaluation_seed(args.seed, update),
+                args.target_success if args.eval_stop_once_below_target else None)
             if reached is None and args.target_success is not None and record["eval_success"] >= args.target_success:
                 reached = {"env_steps": env_steps, "train_s": round(train_s, 2), "update": update}
         history.append(record)

@@ -50,6 +50,7 @@ class EvalResult:
     returns: List[float] = field(default_factory=list)
     lengths: List[int] = field(default_factory=list)  # decisions per episode
     videos: List[EpisodeVideo] = field(default_factory=list)
+    stopped_below: bool = False  # ended early: the target of ``run_episodes(stop_below=)`` was out of reach
 
     def summary(self, reports_success: bool = True) -> Dict[str, object]:
         """Success rate with its Wilson 95 % interval, mean return and episode length."""
@@ -71,15 +72,27 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: Optional[int] = None) -> EvalResult:
+def failures_allowed(num_episodes: int, target: float) -> int:
+    """How many of ``num_episodes`` may fail with the success rate still at ``target`` or above."""
+    return num_episodes - math.ceil(target * num_episodes - 1e-9)
+
+
+def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: Optional[int] = None,
+                 stop_below: Optional[float] = None) -> EvalResult:
     """Run ``num_episodes`` episodes, the same number on every sub-env, with ``policy.predict(obs,
-    mode="eval")``; record the first episode of sub-envs ``0 .. video_episodes - 1``."""
+    mode="eval")``; record the first episode of sub-envs ``0 .. video_episodes - 1``.
+
+    ``stop_below``: stop once the rounds every sub-env has completed hold more failures than a
+    success rate of ``stop_below`` over all ``num_episodes`` allows (those episodes are part of the
+    full evaluation, so it would end below it); the result then holds those rounds only."""
     num_envs = env.num_envs
     if num_episodes % num_envs:
         raise ValueError(f"{num_episodes} episodes do not split evenly over {num_envs} sub-envs")
     per_env = num_episodes // num_envs
+    allowed = failures_allowed(num_episodes, stop_below) if stop_below is not None else None
     recorded = min(video_episodes, num_envs)
     result = EvalResult()
+    episodes: List[List[tuple]] = [[] for _ in range(num_envs)]  # per sub-env: (success, return, length)
     counts, returns, lengths = np.zeros(num_envs, int), np.zeros(num_envs), np.zeros(num_envs, int)
     out = env.reset(seed=seed)
     if recorded and VIDEO_KEY not in out.obs:
@@ -102,6 +115,7 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
                 rewards[i].append(float(step_rewards[i]))
         for i in np.flatnonzero(out.dones):
             if counts[i] < per_env:
+                episodes[i].append((bool(out.successes[i]), float(returns[i]), int(lengths[i])))
                 result.successes.append(bool(out.successes[i]))
                 result.returns.append(float(returns[i]))
                 result.lengths.append(int(lengths[i]))
@@ -111,6 +125,13 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
                 result.videos.append(EpisodeVideo(int(i), bool(out.successes[i]), str(obs["task_descriptions"][i]),
                                                   np.stack(frames[i]), rewards[i]))
             returns[i], lengths[i] = 0.0, 0
+        if allowed is not None and counts.min() < per_env:
+            rounds = [e[:counts.min()] for e in episodes]
+            if sum(not success for e in rounds for success, _, _ in e) > allowed:
+                result.successes, result.returns, result.lengths = (
+                    [episode[k] for e in rounds for episode in e] for k in range(3))
+                result.stopped_below = True
+                break
     return result
 
 

@@ -8,7 +8,10 @@ each until an evaluation first reaches ``--target`` (or ``--max-env-steps``). Ev
 alike: ``--eval-episodes`` deterministic episodes (the same number from each of 8 sub-envs) every
 ``--eval-every`` updates, fresh episodes each time, and the same episodes for the same seed and
 evaluation index in every arm (``embodied_async.evaluation.evaluation_seed``); the clocks leave
-evaluation out (the graph with ``runner.eval_pauses_training=true``). Seeds are paired: seed ``k``
+evaluation out (the graph with ``runner.eval_pauses_training=true``). An evaluation ends as soon as
+its failures rule the target out (``runner.eval_stop_once_below_target``; the baseline alike): the
+first passage is the one the whole evaluations would give, the curves' points below the target rest
+on the complete rounds scored (``--full-evaluations`` scores every episode). Seeds are paired: seed ``k``
 of every arm runs before seed ``k + 1`` of any, so the machine's drift falls on all arms alike.
 
 Reported per arm: env steps and training seconds to the target per seed, their means, and the
@@ -55,6 +58,7 @@ def run_baseline(args, seed: int, log: str) -> Dict:
     cmd = [sys.executable, script, "--seed", str(seed), "--json", log + ".json", "--target-success", str(args.target),
            "--env-steps", str(args.max_env_steps), "--eval-every", str(args.eval_every),
            "--eval-episodes", str(args.eval_episodes)]
+    cmd += [] if args.full_evaluations else ["--eval-stop-once-below-target"]
     with open(log + ".log", "w") as out:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -62,7 +66,7 @@ def run_baseline(args, seed: int, log: str) -> Dict:
     with open(log + ".json") as f:
         summary = json.load(f)
     curve = [{"version": r["update"], "env_steps": r["env_steps"], "train_s": r["train_s"],
-              "success": r["eval_success"]} for r in summary["curve"]]
+              "success": r["eval_success"], "episodes": r["eval_episodes"]} for r in summary["curve"]]
     return {"reached": summary["reached"] and {"env_steps": summary["reached"]["env_steps"],
                                                 "train_s": summary["reached"]["train_s"]},
             "curve": curve, "env_steps_per_s": summary["env_steps_per_s"]}
@@ -79,7 +83,8 @@ def recipe_curve(records: List[Dict]) -> List[Dict]:
         version = int(r["eval/version"])
         produced = by_step.get(version, r)
         curve.append({"version": version, "env_steps": int(produced["env_steps"]),
-                      "train_s": round(float(produced["train_time_s"]), 2), "success": float(r["eval/success_rate"])})
+                      "train_s": round(float(produced["train_time_s"]), 2), "success": float(r["eval/success_rate"]),
+                      "episodes": int(r.get("eval/episodes", 0))})
     return curve
 
 
@@ -98,7 +103,8 @@ def run_recipe_arm(args, arm: str, seed: int, log_path: str) -> Dict:
                  f"runner.max_steps={-(-args.max_env_steps // per_update)}",
                  f"runner.stop_at_eval_success={args.target}", f"runner.val_check_interval={args.eval_every}",
                  "runner.eval_pauses_training=true", f"runner.eval_episodes={args.eval_episodes}",
-                 "runner.eval_num_envs=8", f"runner.save_interval={0 if arm != 'async' else 1000000}",
+                 "runner.eval_num_envs=8", f"runner.eval_stop_once_below_target={not args.full_evaluations}",
+                 f"runner.save_interval={0 if arm != 'async' else 1000000}",
                  "runner.logger.tensorboard=false"]
     records = run_recipe(args.config, overrides, log_path)
     curve = recipe_curve(records)
@@ -257,6 +263,10 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--eval-every", type=int, default=5, help="updates between evaluations (every arm)")
     parser.add_argument("--eval-episodes", type=int, default=128)
+    parser.add_argument("--full-evaluations", action="store_true",
+                        help="score every evaluation's episodes in full (by default an evaluation ends once its "
+                             "failures rule the target out: the passage is the same, the curves' early points "
+                             "rest on fewer episodes)")
     parser.add_argument("--max-env-steps", type=int, default=200_000, help="a run stops here if it never reached --target")
     parser.add_argument("--throughput", action="store_true", help="also measure the async recipe on a trained policy")
     parser.add_argument("--out", default=None)
@@ -295,7 +305,7 @@ def main() -> None:
 
     summary = summarize(runs, args.seeds)
     report = {"config": args.config, "overrides": args.overrides, "target": args.target, "eval_every": args.eval_every,
-              "eval_episodes": args.eval_episodes, "max_env_steps": args.max_env_steps, "seeds": args.seeds,
+              "eval_episodes": args.eval_episodes, "full_evaluations": args.full_evaluations, "max_env_steps": args.max_env_steps, "seeds": args.seeds,
               **summary, "runs": {arm: {str(s): r for s, r in sorted(by_seed.items())} for arm, by_seed in runs.items()}}
     if args.throughput:
         report["throughput"] = measure_throughput(args, runs, out_dir)

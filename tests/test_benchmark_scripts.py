@@ -41,7 +41,10 @@ def test_the_baseline_scores_the_same_number_of_episodes_from_every_sub_env():
     two from each sub-env are 2 successes in 8 (0.25)."""
     baseline = load_script("benchmarks", "ppo_pushcube_sync.py")
     agent, norm = baseline.Agent(3, 2), baseline.RunningMeanStd(3)
-    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=8, seed=0) == 0.25
+    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=8, seed=0) == (0.25, 8)
+    # at target 0.9, 40 episodes allow 4 failures: the second complete round holds 2 x 3 = 6
+    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=40, seed=0, stop_below=0.9) == (0.25, 8)
+    assert baseline.evaluate(agent, norm, ShortSuccessEnvs(), episodes=40, seed=0, stop_below=0.2) == (0.25, 40)
 
 
 def test_the_baseline_evaluates_each_version_on_the_graphs_episodes():

@@ -268,6 +268,11 @@ class RunnerConfig:
     eval_pauses_training: bool = False
     eval_episodes: int = 32
     eval_num_envs: int = 8
+    # with stop_at_eval_success: an evaluation ends once its failures already rule the target out
+    # (more than (1 - target) x eval_episodes); it then reports the success rate of the rounds
+    # every sub-env completed (eval/episodes says how many). Runs to a target spend most of their
+    # evaluations far below it; the passage itself is still judged on all eval_episodes
+    eval_stop_once_below_target: bool = False
     # write evaluation episodes as mp4 (+ a JSON of instruction, success and step rewards) under
     # <log_path>/videos/step_<N>/ and to TensorBoard: the first episode of this many eval sub-envs
     eval_video: bool = False

@@ -199,6 +199,8 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
     require(runner.stop_at_eval_success is None or runner.val_check_interval > 0,
             f"runner.stop_at_eval_success={runner.stop_at_eval_success} needs evaluations: set "
             "runner.val_check_interval to N > 0 (evaluate every N steps)")
+    require(not runner.eval_stop_once_below_target or runner.stop_at_eval_success is not None,
+            "runner.eval_stop_once_below_target=true needs a target: set runner.stop_at_eval_success (e.g. 0.9)")
 
 
 def _check_batches(cfg: TrainConfig, world: int) -> None:

@@ -301,12 +301,13 @@ class RolloutWorker:
 
     def _run_evaluation(self, policy, version: int, num_episodes: int, num_envs: int) -> Dict[str, object]:
         runner = self.cfg.runner
+        stop_below = runner.stop_at_eval_success if runner.eval_stop_once_below_target else None
         result = run_episodes(policy, self._eval_env, num_episodes, runner.eval_video_episodes if runner.eval_video else 0,
-                              seed=evaluation_seed(runner.seed, version))
+                              seed=evaluation_seed(runner.seed, version), stop_below=stop_below)
         summary = result.summary(self.reports_success)
         return {"eval/success_rate": summary["success_rate"], "eval/episode_return": summary["episode_return"],
                 "eval/episode_len": summary["episode_length"], "eval/version": float(version),
-                "videos": result.videos}
+                "eval/episodes": float(summary["episodes"]), "videos": result.videos}
 
     def close(self) -> None:
         self.stop()

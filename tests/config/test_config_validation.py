@@ -101,6 +101,8 @@ BAD = [
     ("runner.val_check_interval=-1", "runner.val_check_interval=-1", "use 0 to turn it off"),
     ("runner.save_interval=-5", "runner.save_interval=-5", "use 0 to turn it off"),
     ("runner.max_env_steps=0", "runner.max_env_steps=0", "(or null to stop at runner.max_steps only)"),
+    ("runner.eval_stop_once_below_target=true", "runner.eval_stop_once_below_target=true needs a target",
+     "set runner.stop_at_eval_success"),
     ("runner.resume_dir=/no/such/folder", "runner.resume_dir='/no/such/folder' is not a folder", CHECKPOINT_HINT),
     ("runner.resume_dir={tmp}", "is a folder but not a checkpoint (it holds no runner.json)", CHECKPOINT_HINT),
     # evaluation videos

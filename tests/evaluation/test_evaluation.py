@@ -101,3 +101,14 @@ def test_videos_decode_with_every_frame_and_sidecar_and_tensorboard_images(tmp_p
 def test_empty_result_summary_is_nan_not_an_error():
     summary = EvalResult().summary()
     assert summary["episodes"] == 0 and np.isnan(summary["success_rate"])
+
+
+def test_an_evaluation_stops_once_its_failures_rule_the_target_out():
+    """Two of four sub-envs always fail: 40 episodes at target 0.9 allow 4 failures; the third
+    complete round holds 6, so the evaluation ends there, scoring those 12 episodes (0.5)."""
+    env = synthetic(4, render_video=False)
+    stopped = run_episodes(TowardsTarget(env, stall=[1, 3]), env, num_episodes=40, stop_below=0.9)
+    assert stopped.stopped_below and len(stopped.successes) == 12
+    assert stopped.summary()["success_rate"] == 0.5
+    whole = run_episodes(TowardsTarget(env, stall=[1, 3]), env, num_episodes=40, stop_below=0.4)  # 24 allowed
+    assert not whole.stopped_below and len(whole.successes) == 40 and whole.summary()["success_rate"] == 0.5
