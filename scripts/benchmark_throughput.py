@@ -48,6 +48,7 @@ from typing import Dict, List, Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 PHASES = ("raw_env", "local_sync", "ray_sync", "ray_async", "ray_async_relayed")
+EVAL_EPISODES = 32  # per evaluation of --to-success, in both loops (scripts/benchmark_parity.py: 128)
 
 
 # ---- machine ---------------------------------------------------------------------------------
@@ -165,7 +166,8 @@ def measure_raw_env(config_name: str, overrides: list, seconds: float, checkpoin
 def run_baseline(args, seed: int, env_steps: Optional[int], target: Optional[float], log: str) -> Dict:
     script = os.path.join(REPO_ROOT, "benchmarks", "ppo_pushcube_sync.py")
     cmd = [sys.executable, script, "--seed", str(seed), "--json", log + ".json"]
-    cmd += ["--target-success", str(target), "--env-steps", "400000", "--eval-every", str(args.eval_every)] if target else \
+    cmd += ["--target-success", str(target), "--env-steps", "400000", "--eval-every", str(args.eval_every),
+            "--eval-episodes", str(EVAL_EPISODES)] if target else \
         ["--env-steps", str(env_steps), "--eval-every", "0"]
     with open(log + ".log", "w") as out:
         subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, check=True)
@@ -250,7 +252,8 @@ def time_recipe_to_success(args, seed: int, out_dir: str, eval_beside_training: 
     name = f"recipe_eval_beside_seed{seed}" if eval_beside_training else f"recipe_seed{seed}"
     overrides = [*args.overrides, f"runner.seed={seed}", "runner.max_steps=400",
                  f"runner.stop_at_eval_success={args.to_success}", f"runner.val_check_interval={args.eval_every}",
-                 f"runner.eval_pauses_training={not eval_beside_training}", "runner.save_interval=0",
+                 f"runner.eval_pauses_training={not eval_beside_training}", f"runner.eval_episodes={EVAL_EPISODES}",
+                 "runner.eval_num_envs=8", "runner.save_interval=0",
                  "runner.logger.tensorboard=false"]
     return time_to_success(run_recipe(args.config, overrides, os.path.join(out_dir, name)), args.to_success)
 
