@@ -116,9 +116,6 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
         for i in np.flatnonzero(out.dones):
             if counts[i] < per_env:
                 episodes[i].append((bool(out.successes[i]), float(returns[i]), int(lengths[i])))
-                result.successes.append(bool(out.successes[i]))
-                result.returns.append(float(returns[i]))
-                result.lengths.append(int(lengths[i]))
                 counts[i] += 1
             if i < recorded and recording[i]:
                 recording[i] = False
@@ -126,12 +123,13 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
                                                   np.stack(frames[i]), rewards[i]))
             returns[i], lengths[i] = 0.0, 0
         if allowed is not None and counts.min() < per_env:
-            rounds = [e[:counts.min()] for e in episodes]
-            if sum(not success for e in rounds for success, _, _ in e) > allowed:
-                result.successes, result.returns, result.lengths = (
-                    [episode[k] for e in rounds for episode in e] for k in range(3))
+            rounds = counts.min()
+            if sum(not success for e in episodes for success, _, _ in e[:rounds]) > allowed:
+                episodes = [e[:rounds] for e in episodes]
                 result.stopped_below = True
                 break
+    scored = [episode for e in episodes for episode in e]  # sub-env by sub-env
+    result.successes, result.returns, result.lengths = ([episode[k] for episode in scored] for k in range(3))
     return result
 
 
