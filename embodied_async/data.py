@@ -275,7 +275,7 @@ class Trajectory:
 @dataclass
 class WeightMessage:
     """Actor -> rollout: new weights (trainable parameters and the observation statistics), the
-    version they carry, and per pipeline stage of the receiving rollout rank how many of its
+    version they carry, and per stream of the receiving rollout rank how many of its
     trajectories the actor has consumed or dropped so far (the rollout's throttle)."""
 
     version: int

@@ -43,7 +43,7 @@ def planned_num_gpus(cfg: TrainConfig) -> int:
 
 def workload(cfg: TrainConfig, topology: Topology) -> Workload:
     per_rank = cfg.actor.global_batch_size // topology.actor_world_size
-    return Workload(rollout_batch=topology.envs_per_rollout_batch, eval_batch=cfg.runner.eval_num_envs,
+    return Workload(rollout_batch=topology.envs_per_stage, eval_batch=cfg.runner.eval_num_envs,
                     actor_micro_batch=min(cfg.actor.micro_batch_size, per_rank),
                     actor_world_size=topology.actor_world_size,
                     envs_per_process=topology.envs_per_stage * topology.stages)
@@ -94,7 +94,8 @@ def _batch_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
     steps = minibatches * cfg.algorithm.update_epochs
     lines = [
         f"  sub-envs: {cfg.env.num_envs} = {topology.num_env_workers} env processes x {topology.stages} stages x "
-        f"{topology.envs_per_stage}; a rollout policy batch: {topology.envs_per_rollout_batch} sub-envs",
+        f"{topology.envs_per_stage}; a rollout policy batch: {topology.envs_per_stage} sub-envs "
+        "(one stage of one env process)",
         f"  one update: {store} x {cfg.env.num_envs} sub-envs x {cfg.rollout.num_steps} steps = {decisions} "
         f"decisions ({decisions * cfg.env.num_action_chunks} env steps)",
         f"  minibatches: {minibatches} of {cfg.actor.global_batch_size} per epoch x {cfg.algorithm.update_epochs} "

@@ -2,7 +2,8 @@
 
 Seed: RLinf's Async PPO (``rollout_store_size_per_rank``, ``on_policy_min_ratio``).
 
-A *stream* is one rollout rank x pipeline stage; each produces trajectories in order, and every
+A *stream* is one pipeline stage of one env worker, as its rollout rank serves it
+(``Topology.streams``); each produces trajectories in order, and every
 actor rank receives its shard of each one. An update takes ``size_per_stream`` version-valid
 trajectories from every stream, of which at least ``ceil(on_policy_min_ratio x size_per_stream)``
 come from the actor's current version (lag 0).

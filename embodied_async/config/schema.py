@@ -160,7 +160,7 @@ class AlgorithmConfig:
     # never runs further ahead. 0 = synchronous PPO.
     staleness_threshold: int = 1
     # the rollout store: an update starts once each actor rank holds this many version-valid
-    # trajectories from every rollout stream (rollout rank x pipeline stage); all ranks train on
+    # trajectories from every stream (one pipeline stage of one env worker); all ranks train on
     # the same ones. One update trains on this many x env.num_envs x rollout.num_steps decisions.
     rollout_store_size_per_rank: int = 1
     # at least this fraction of the trajectories of an update were produced by the actor's current

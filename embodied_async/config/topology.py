@@ -47,15 +47,17 @@ class Topology:
         per_rollout = self.env_workers_per_rollout
         return list(range(rollout_rank * per_rollout, (rollout_rank + 1) * per_rollout))
 
-    @property
-    def streams(self) -> List[Tuple[int, int]]:
-        """(rollout rank, stage): each produces its own ordered sequence of trajectories."""
-        return [(r, s) for r in range(self.num_rollout_workers) for s in range(self.stages)]
+    def stream_env_keys(self, rollout_rank: int) -> List[Tuple[int, int]]:
+        """The (env rank, stage) that each stream of rollout worker ``rollout_rank`` serves, in
+        stream order: a stream is one pipeline stage of one env worker, with its own policy batch
+        (acted for as soon as its observations arrive) and its own ordered trajectories."""
+        return [(env_rank, stage) for env_rank in self.env_ranks(rollout_rank) for stage in range(self.stages)]
 
     @property
-    def envs_per_rollout_batch(self) -> int:
-        """Sub-envs in one policy batch: one stage of every env worker a rollout worker serves."""
-        return self.envs_per_stage * self.env_workers_per_rollout
+    def streams(self) -> List[Tuple[int, int]]:
+        """(rollout rank, that worker's stream index), over all rollout workers."""
+        per_rollout = self.env_workers_per_rollout * self.stages
+        return [(r, i) for r in range(self.num_rollout_workers) for i in range(per_rollout)]
 
 
 def _parse(cfg, num_gpus: Optional[int]):
@@ -108,11 +110,12 @@ def _check_envs(cfg, num_env: int, num_rollout: int) -> None:
 
 
 def _check_actor_shards(topology: Topology) -> None:
-    """Every rollout stage batch is split into one shard per actor rank."""
-    batch, world = topology.envs_per_rollout_batch, topology.actor_world_size
+    """Every stream's trajectory is split into one shard per actor rank."""
+    batch, world = topology.envs_per_stage, topology.actor_world_size
     require(batch % world == 0,
-            f"each rollout stage batch ({batch} sub-envs) must split evenly over the {world} actor ranks; make "
-            f"env.num_envs a multiple of {topology.num_rollout_workers * topology.stages * world}")
+            f"each stream's batch (one pipeline stage of one env process: {batch} sub-envs) must split evenly "
+            f"over the {world} actor ranks; make env.num_envs a multiple of "
+            f"{topology.num_env_workers * topology.stages * world}")
 
 
 def resolve_topology(cfg, num_gpus: Optional[int] = None) -> Topology:

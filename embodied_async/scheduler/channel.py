@@ -21,6 +21,8 @@ import uuid
 from collections import deque
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence
 
+from embodied_async.scheduler.futures import ChannelFuture, LocalFuture
+
 __all__ = ["ChannelClosed", "ChannelFuture", "LocalChannel", "RayChannel", "Shared", "create_channel", "payload_bytes"]
 
 _OK, _TIMEOUT, _CLOSED = "ok", "timeout", "closed"
@@ -166,35 +168,6 @@ class _KeyedQueues:
         self._keys.clear()  # items can no longer be taken: free them now
 
 
-class ChannelFuture:
-    """Handle to a pending ``put_async``/``get_async``.
-
-    ``result(timeout)`` waits for the operation and returns the item (None for a put); on
-    timeout it raises ``TimeoutError`` and the operation stays pending (it is not withdrawn).
-    """
-
-    def result(self, timeout: Optional[float] = None):
-        raise NotImplementedError
-
-    def done(self) -> bool:
-        """True once the operation has completed (successfully or with ChannelClosed)."""
-        raise NotImplementedError
-
-
-class _LocalFuture(ChannelFuture):
-    def __init__(self, future: concurrent.futures.Future):
-        self._future = future
-
-    def result(self, timeout: Optional[float] = None):
-        try:
-            return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:  # an alias of TimeoutError only from 3.11 on
-            raise TimeoutError(f"channel operation not done after {timeout} s") from None
-
-    def done(self) -> bool:
-        return self._future.done()
-
-
 class LocalChannel:
     """In-process keyed channel, safe to share between threads."""
 
@@ -207,12 +180,12 @@ class LocalChannel:
     def put_async(self, item, key: Hashable = "default") -> ChannelFuture:
         """Queue ``item`` without blocking; the future resolves once it is in the queue."""
         with self._lock:
-            return _LocalFuture(self._queues.put(item, key))
+            return LocalFuture(self._queues.put(item, key))
 
     def get_async(self, key: Hashable = "default") -> ChannelFuture:
         """Ask for the next item of ``key`` without blocking; the future resolves to it."""
         with self._lock:
-            return _LocalFuture(self._queues.get(key))
+            return LocalFuture(self._queues.get(key))
 
     def _wait(self, key, waiter: concurrent.futures.Future, timeout, what: str):
         try:
@@ -378,6 +351,12 @@ class _RayFuture(ChannelFuture):
 
     def done(self) -> bool:
         return self._reply is not None or bool(_ray().wait([self._ref], timeout=0)[0])
+
+    @classmethod
+    def _block_on_any(cls, futures, timeout: float) -> None:
+        pending = [f._ref for f in futures if f._reply is None]
+        if len(pending) == len(futures):
+            _ray().wait(pending, num_returns=1, timeout=timeout)
 
 
 class RayChannel:

@@ -257,3 +257,27 @@ class _MessageUnpickler(pickle.Unpickler):
 def load_frame(body: bytearray, buffers: List[bytearray]) -> Any:
     """The item a frame holds (its pickle and out-of-band buffers), through the admitting unpickler."""
     return _MessageUnpickler(io.BytesIO(body), buffers=buffers).load()
+
+
+def send_all(sock: socket.socket, parts: List[memoryview]) -> None:
+    """Write a frame's parts whole (one sendmsg per try, the rest after a partial write)."""
+    parts = [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in parts]
+    while parts:
+        sent = sock.sendmsg(parts)
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts[0])
+            parts.pop(0)
+        if parts and sent:
+            parts[0] = parts[0][sent:]
+
+
+def recv_exact(sock: socket.socket, size: int, key) -> bytearray:
+    """Read exactly ``size`` bytes of ``key``'s connection; EOFError if it closes before."""
+    buffer = bytearray(size)
+    view, received = memoryview(buffer), 0
+    while received < size:
+        n = sock.recv_into(view[received:], size - received)
+        if n == 0:
+            raise EOFError(f"connection of key {key!r} closed mid-message")
+        received += n
+    return buffer

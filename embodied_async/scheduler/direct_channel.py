@@ -31,13 +31,14 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Dict, Hashable, List, Optional, Sequence
+from typing import Any, Dict, Hashable, Optional, Sequence
 
 import numpy as np
 
 from embodied_async.scheduler.channel import ChannelClosed, ChannelFuture, Shared
 from embodied_async.scheduler.channel_access import (accept_producer, close_socket, connect_to_consumer, dump_frame,
-                                                     load_frame, new_channel, open_listener, stop_listening)
+                                                     load_frame, new_channel, open_listener, recv_exact, send_all,
+                                                     stop_listening)
 
 __all__ = ["DirectChannel"]
 
@@ -216,7 +217,7 @@ class DirectChannel:
             seq, parts = link.outbox.popleft()
             self._count(key, _SENT, 1)  # before the send: the consumer may count it taken first
             try:
-                _send_all(link.out_sock, parts)
+                send_all(link.out_sock, parts)
             except OSError as err:
                 self._count(key, _SENT, -1)
                 link.send_error = self._closed_error(key, f"the consumer's end is gone ({err})")
@@ -300,10 +301,10 @@ class DirectChannel:
         sock = link.in_sock
         try:
             sock.settimeout(_FRAME_REST_TIMEOUT_S)
-            body_length, count = _HEADER.unpack(_recv_exact(sock, _HEADER.size, key))
-            lengths = [_LENGTH.unpack(_recv_exact(sock, _LENGTH.size, key))[0] for _ in range(count)]
-            body = _recv_exact(sock, body_length, key)
-            buffers = [_recv_exact(sock, n, key) for n in lengths]
+            body_length, count = _HEADER.unpack(recv_exact(sock, _HEADER.size, key))
+            lengths = [_LENGTH.unpack(recv_exact(sock, _LENGTH.size, key))[0] for _ in range(count)]
+            body = recv_exact(sock, body_length, key)
+            buffers = [recv_exact(sock, n, key) for n in lengths]
             sock.settimeout(None)
         except (OSError, EOFError) as err:
             sock.close()  # possibly mid-frame: the stream cannot be read on from here
@@ -428,28 +429,6 @@ class DirectChannel:
         return sent
 
 
-def _send_all(sock: socket.socket, parts: List[memoryview]) -> None:
-    parts = [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in parts]
-    while parts:
-        sent = sock.sendmsg(parts)
-        while parts and sent >= len(parts[0]):
-            sent -= len(parts[0])
-            parts.pop(0)
-        if parts and sent:
-            parts[0] = parts[0][sent:]
-
-
-def _recv_exact(sock: socket.socket, size: int, key) -> bytearray:
-    buffer = bytearray(size)
-    view, received = memoryview(buffer), 0
-    while received < size:
-        n = sock.recv_into(view[received:], size - received)
-        if n == 0:
-            raise EOFError(f"connection of key {key!r} closed mid-message")
-        received += n
-    return buffer
-
-
 class _PutFuture(ChannelFuture):
     def __init__(self, channel: DirectChannel, link: _Link, key, seq: int):
         self._channel, self._link, self._key, self._seq = channel, link, key, seq
@@ -495,3 +474,13 @@ class _GetFuture(ChannelFuture):
             return self._advance(time.monotonic())
         except ChannelClosed:
             return True
+
+    @classmethod
+    def _block_on_any(cls, futures, timeout: float) -> None:
+        poller = select.poll()  # the sockets the gets read from (the listener until a producer connects)
+        for future in futures:
+            try:
+                poller.register(future._link.in_sock or future._link.listener, select.POLLIN)
+            except (AttributeError, OSError, TypeError, ValueError):  # closed meanwhile: done() says so
+                return
+        poller.poll(max(0, int(timeout * 1000)))

@@ -21,8 +21,9 @@ class GraphChannels:
 
     - ``env_outputs``: env -> rollout ``EnvOutput``, keyed ``(env rank, stage)``;
     - ``actions``: rollout -> env ``ActionMessage``, keyed ``(env rank, stage)``;
-    - ``trajectories``: rollout -> actor ``Trajectory`` shards, keyed ``(rollout rank, stage,
-      actor rank)``, each as deep as the version gate lets a stream run ahead;
+    - ``trajectories``: rollout -> actor ``Trajectory`` shards, keyed ``(rollout rank, stream,
+      actor rank)`` (a stream: one stage of one env worker the rollout rank serves,
+      ``Topology.stream_env_keys``), each as deep as the version gate lets a stream run ahead;
     - ``weights``: actor -> rollout ``WeightMessage``, keyed by rollout rank.
     """
 

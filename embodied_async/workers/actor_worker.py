@@ -32,8 +32,8 @@ class ActorWorker(TrainerCore):
     def publish_weights(self) -> int:
         """Collective: publish the weights with each rollout rank's acknowledgements."""
         acknowledged: Dict[int, Dict[int, int]] = {}
-        for (rollout_rank, stage), count in self.store.acknowledged.items():
-            acknowledged.setdefault(rollout_rank, {})[stage] = count
+        for (rollout_rank, stream), count in self.store.acknowledged.items():
+            acknowledged.setdefault(rollout_rank, {})[stream] = count
         return self.publish(acknowledged)
 
     # ---- training ----------------------------------------------------------------------------

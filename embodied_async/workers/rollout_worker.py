@@ -17,6 +17,7 @@ from embodied_async.evaluation import evaluation_seed, run_episodes
 from embodied_async.normalization import pop_observation_moments
 from embodied_async.registry import build_env, build_policy
 from embodied_async.scheduler.channel import ChannelClosed
+from embodied_async.scheduler.futures import first_done
 from embodied_async.workers.base import (BusyTimer, ProcessClock, Stopped, process_metrics, setup_worker_process,
                                          wait_future)
 
@@ -28,10 +29,10 @@ EVAL_COPY_MAX_BYTES = 2**30
 
 
 @dataclass
-class _StageBuffer:
+class _StreamBuffer:
     steps: List[StepRecord] = field(default_factory=list)
     pending: Optional[StepRecord] = None  # the last decision, waiting for its outcome
-    started: int = 0  # trajectories begun on this stage
+    started: int = 0  # trajectories begun on this stream
     acknowledged: int = 0  # of those, consumed or dropped by the actor (arrives with weights)
 
     def idle(self) -> bool:
@@ -40,7 +41,9 @@ class _StageBuffer:
 
 
 class RolloutWorker:
-    """Serves the env workers ``env_ranks``; stage ``s`` of all of them forms one policy batch."""
+    """Serves the env workers ``env_ranks``. Each pipeline stage of each is a stream (its own policy
+    batch and trajectories), acted for as soon as its observations arrive: an env process that
+    finished its step never waits for another's."""
 
     def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
         self.cfg, self.rank, self.env_ranks = cfg, rank, topology.env_ranks(rank)
@@ -52,9 +55,9 @@ class RolloutWorker:
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
         self.actor_channel, self.weight_channel = channels.trajectories, channels.weights
         self.actor_world_size = topology.actor_world_size
-        self.envs_per_env_worker = topology.envs_per_stage  # each env worker's share of a stage's batch
+        self.stream_keys = topology.stream_env_keys(rank)  # stream i: (env rank, stage) it serves
         self.version = -1  # no weights yet: the actor publishes version 0 at start-up
-        self.buffers = [_StageBuffer() for _ in range(topology.stages)]
+        self.buffers = [_StreamBuffer() for _ in self.stream_keys]
         self.gate = VersionGate.from_config(cfg.algorithm)
         self.timer = BusyTimer()
         self.clock = ProcessClock()
@@ -67,8 +70,9 @@ class RolloutWorker:
         self._weight_future = None
         self._hold_weights = False  # an evaluation shares the policy: swaps wait
         self._held_message: Optional[WeightMessage] = None
-        self._pending_puts: List[list] = [[] for _ in range(topology.stages)]
-        self.env_channel.listen([(env_rank, s) for env_rank in self.env_ranks for s in range(topology.stages)])
+        self._pending_puts: List[Optional[object]] = [None] * len(self.stream_keys)  # actions in flight
+        self._output_gets: List[Optional[object]] = [None] * len(self.stream_keys)  # armed gets of env outputs
+        self.env_channel.listen(self.stream_keys)
         self.weight_channel.listen([rank])
 
     # ---- weights -------------------------------------------------------------------------
@@ -82,8 +86,8 @@ class RolloutWorker:
             self._check_loaded(result)
             # under the lock: an evaluation starting now sees these weights with their version
             self.version = message.version
-            for stage, count in message.acknowledged.items():
-                self.buffers[int(stage)].acknowledged = int(count)
+            for stream, count in message.acknowledged.items():
+                self.buffers[int(stream)].acknowledged = int(count)
         return True
 
     def _check_loaded(self, result) -> None:
@@ -131,20 +135,29 @@ class RolloutWorker:
             if self._load(message):
                 return
 
-    def _may_act(self, stage: int) -> bool:
+    def _may_act(self, stream: int) -> bool:
         """The throttle: a new trajectory begins only while the version gate allows it (which
         bounds its lag by algorithm.staleness_threshold); one under way always goes on."""
-        buf = self.buffers[stage]
+        buf = self.buffers[stream]
         if self.version < 0:  # the actor publishes version 0 at start-up
             return False
         return not buf.idle() or self.gate.may_start(buf.started, buf.acknowledged)
 
     # ---- the loop ------------------------------------------------------------------------
-    def _get_outputs(self, stage: int) -> EnvOutput:
-        futures = [self.env_channel.get_async(key=(env_rank, stage)) for env_rank in self.env_ranks]
-        return EnvOutput.concat([wait_future(f, self._stop, POLL_SECONDS) for f in futures])
+    def _wait_for_outputs(self, streams: List[int]) -> Optional[int]:
+        """The first of ``streams`` whose env outputs have arrived (waiting up to a poll slice);
+        None when none has yet. Each stream keeps one get armed, so nothing is taken twice."""
+        for stream in streams:
+            if self._output_gets[stream] is None:
+                self._output_gets[stream] = self.env_channel.get_async(key=self.stream_keys[stream])
+        index = first_done([self._output_gets[s] for s in streams], POLL_SECONDS)
+        return None if index is None else streams[index]
 
-    def _close_pending(self, buf: _StageBuffer, out: EnvOutput) -> None:
+    def _take_outputs(self, stream: int) -> EnvOutput:
+        future, self._output_gets[stream] = self._output_gets[stream], None
+        return wait_future(future, self._stop, POLL_SECONDS)
+
+    def _close_pending(self, buf: _StreamBuffer, out: EnvOutput) -> None:
         step = buf.pending
         # torch.tensor copies: arrays that arrive through Ray are read-only views
         step.rewards = torch.tensor(out.rewards, dtype=torch.float32) * self.cfg.algorithm.reward_scale
@@ -160,7 +173,7 @@ class RolloutWorker:
         buf.steps.append(step)
         buf.pending = None
 
-    def _finish_trajectory(self, buf: _StageBuffer, obs) -> List[Trajectory]:
+    def _finish_trajectory(self, buf: _StreamBuffer, obs) -> List[Trajectory]:
         with self._policy_lock:
             next_values = self.policy.value(obs).float().cpu()
         self._check_finite(next_values=next_values)
@@ -179,11 +192,10 @@ class RolloutWorker:
                     f"{rows[:8]}: its weights have diverged. Lower actor.lr or actor.max_grad_norm, or resume "
                     "from an earlier checkpoint (runner.resume_dir=logs/<run>/checkpoints/global_step_<N>)")
 
-    def _receive(self, stage: int) -> EnvOutput:
-        """Take the stage's env outputs; close the pending step; ship a finished trajectory."""
-        buf = self.buffers[stage]
-        with self.timer.section("wait"):
-            out = self._get_outputs(stage)
+    def _receive(self, stream: int) -> EnvOutput:
+        """Take the stream's env outputs (arrived); close the pending step; ship a finished trajectory."""
+        buf = self.buffers[stream]
+        out = self._take_outputs(stream)
         shards = []
         with self.timer.section("rollout"):
             if buf.pending is not None:
@@ -193,13 +205,13 @@ class RolloutWorker:
         for actor_rank, shard in enumerate(shards):
             # one key per (stream, actor rank): every actor rank sees the streams in the same order;
             # a blocking put, so a full trajectory channel holds the rollout back (backpressure)
-            key = (self.rank, stage, actor_rank)
+            key = (self.rank, stream, actor_rank)
             with self.timer.section("wait"):
                 wait_future(self.actor_channel.put_async(shard, key=key), self._stop, POLL_SECONDS)
         return out
 
-    def _act(self, stage: int, out: EnvOutput) -> None:
-        buf = self.buffers[stage]
+    def _act(self, stream: int, out: EnvOutput) -> None:
+        buf = self.buffers[stream]
         if buf.idle():
             buf.started += 1
         with self.timer.section("rollout"):
@@ -214,29 +226,34 @@ class RolloutWorker:
             actions = buf.pending.actions.numpy()
         # sent without waiting: the env answers before it can need the next actions
         with self.timer.section("wait"):
-            for future in self._pending_puts[stage]:
-                wait_future(future, self._stop, POLL_SECONDS)
-            size = self.envs_per_env_worker
-            self._pending_puts[stage] = [
-                self.action_channel.put_async(ActionMessage(actions[i * size:(i + 1) * size]), key=(env_rank, stage))
-                for i, env_rank in enumerate(self.env_ranks)]
+            if self._pending_puts[stream] is not None:
+                wait_future(self._pending_puts[stream], self._stop, POLL_SECONDS)
+            self._pending_puts[stream] = self.action_channel.put_async(ActionMessage(actions),
+                                                                       key=self.stream_keys[stream])
 
     def run(self) -> None:
-        """Serve the stages in turn. A stage that may not start its next batch yet (throttle) is
-        parked with its observation while the others go on; only when every stage is parked does
-        the loop block for new weights (so synchronous PPO with pipeline stages cannot deadlock)."""
+        """Serve the streams whose observations arrive, in the order they arrive. A stream that may
+        not start its next trajectory yet (throttle) is parked with its observation while the others
+        go on; only when every stream is parked does the loop block for new weights (so synchronous
+        PPO with several streams cannot deadlock)."""
         parked: List[Optional[EnvOutput]] = [None] * len(self.buffers)
         try:
             while not self._stop.is_set():
-                for stage in range(len(self.buffers)):
-                    if parked[stage] is None:
-                        parked[stage] = self._receive(stage)
+                stepping = [stream for stream, out in enumerate(parked) if out is None]
+                if stepping:
+                    with self.timer.section("wait"):
+                        arrived = self._wait_for_outputs(stepping)
+                    if arrived is not None:
+                        parked[arrived] = self._receive(arrived)
+                for stream, out in enumerate(parked):
+                    if out is None:
+                        continue
                     with self._acting:
                         self._poll_weights()
-                        if self._may_act(stage):
-                            self._act(stage, parked[stage])
-                            parked[stage] = None
-                if all(p is not None for p in parked):
+                        if self._may_act(stream):
+                            self._act(stream, out)
+                            parked[stream] = None
+                if all(out is not None for out in parked):
                     with self.timer.section("wait"):
                         self._wait_for_weights()
         except (Stopped, ChannelClosed):

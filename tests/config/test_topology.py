@@ -25,8 +25,10 @@ def test_disaggregated_gpu_topology():
     assert (topology.num_env_workers, topology.num_rollout_workers, topology.actor_world_size) == (4, 2, 2)
     assert topology.envs_per_stage == 2  # 16 sub-envs / 4 env workers / 2 stages
     assert topology.env_ranks(0) == [0, 1] and topology.env_ranks(1) == [2, 3]
-    assert topology.envs_per_rollout_batch == 4  # one stage of each of its two env workers
-    assert topology.streams == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # a stream per stage of each env worker a rollout rank serves, each its own policy batch
+    assert topology.stream_env_keys(0) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert topology.stream_env_keys(1) == [(2, 0), (2, 1), (3, 0), (3, 1)]
+    assert topology.streams == [(r, i) for r in (0, 1) for i in range(4)]
 
 
 def test_colocated_topology_on_cpu_slots():

@@ -165,6 +165,49 @@ def test_weights_arriving_during_a_shared_evaluation_wait_for_its_end(make_confi
     worker.close()
 
 
+def test_each_env_process_is_answered_as_soon_as_its_observations_arrive(make_config):
+    """Two env processes on one rollout worker: each is its own stream (its own policy batch and
+    trajectories), so the one whose step ends first gets its actions without waiting for the
+    other's observations, and its trajectory reaches the actor on its own key."""
+    import threading
+
+    from embodied_async.config import resolve_topology
+    from embodied_async.data import ActionMessage, WeightMessage
+    from embodied_async.scheduler.channel import LocalChannel, Shared
+    from embodied_async.scheduler.graph_channels import GraphChannels
+    from embodied_async.workers import rollout_worker
+
+    cfg = make_config("cluster.backend=local", "env.name=outcome_point", "env.num_envs=4", "rollout.num_steps=2",
+                      "actor.global_batch_size=8", "cluster.component_placement.env=0-1",
+                      "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0")
+    topology = resolve_topology(cfg)
+    assert topology.stream_env_keys(0) == [(0, 0), (1, 0)] and topology.envs_per_stage == 2
+    channels = GraphChannels(*(LocalChannel(name=n) for n in ("env", "actions", "trajectories", "weights")))
+    worker = rollout_worker.RolloutWorker(cfg, topology, rank=0, device_id=0,
+                                          env_spec=fake_envs.PointEnv(num_envs=1, seed=0).spec, channels=channels)
+    state = {k: v.clone() for k, v in worker.policy.state_dict().items()}
+    channels.weights.put(WeightMessage(0, Shared(value=state), {}), key=0)
+    loop = threading.Thread(target=worker.run)
+    loop.start()
+    try:
+        late_env = fake_envs.PointEnv(num_envs=2, seed=1)
+        early_env = fake_envs.PointEnv(num_envs=2, seed=2)
+        channels.env_outputs.put(early_env.reset(), key=(1, 0))  # env process 1 only; 0 still stepping
+        for _ in range(2):  # two decisions: a whole trajectory of env process 1
+            message: ActionMessage = channels.actions.get(key=(1, 0), timeout=30)
+            assert message.actions.shape[0] == 2  # its own sub-envs only
+            channels.env_outputs.put(early_env.step(message.actions), key=(1, 0))
+        shard = channels.trajectories.get(key=(0, 1, 0), timeout=30)  # (rollout rank, stream, actor rank)
+        assert shard.actions.shape[:2] == (2, 2) and channels.actions.qsize((0, 0)) == 0
+        channels.env_outputs.put(late_env.reset(), key=(0, 0))
+        assert channels.actions.get(key=(0, 0), timeout=30).actions.shape[0] == 2
+    finally:
+        worker.stop()
+        loop.join(timeout=30)
+        worker.close()
+    assert not loop.is_alive()
+
+
 @pytest.mark.parametrize("pauses", [True, False])
 def test_a_paused_evaluation_stops_the_graph_and_the_clock(make_config, monkeypatch, pauses):
     """runner.eval_pauses_training: while an evaluation runs no env steps (beyond the one in

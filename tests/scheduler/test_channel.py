@@ -18,6 +18,7 @@ from embodied_async.scheduler import (
     RayChannel,
     create_channel,
 )
+from channel_checks import check_first_done
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,6 +131,10 @@ def test_async_put_get_preserve_order(make_channel):
             np.testing.assert_array_equal(value, big * i)
         else:
             assert value == i
+
+
+def test_first_done_names_the_get_whose_item_arrived(make_channel):
+    check_first_done(make_channel(), wait_s=20.0)
 
 
 def test_concurrent_producers_and_consumers(make_channel):

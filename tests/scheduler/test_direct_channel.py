@@ -14,6 +14,7 @@ import torch
 from embodied_async.data import ActionMessage, EnvOutput
 from embodied_async.scheduler import ChannelClosed
 from embodied_async.scheduler.direct_channel import DirectChannel
+from channel_checks import check_first_done
 
 KEYS = [(0, 0), (0, 1), (1, 0)]
 
@@ -70,6 +71,15 @@ def test_items_cross_processes_in_order_per_key(channel):
         assert proc.exitcode == 0
     assert channel.qsize() == 0
     assert traffic == {"messages": 60.0, "bytes": 60.0, "refused_connections": 0.0}
+
+
+def test_first_done_wakes_on_the_key_whose_item_arrived():
+    channel = DirectChannel.create("test", ["a", "b", "c"], maxsize=2)
+    try:
+        channel.listen(["a", "b", "c"])
+        check_first_done(channel, wait_s=20.0)  # one process holding both ends: a thread produces
+    finally:
+        channel.destroy()
 
 
 def test_round_trips_with_an_env_like_process():
