@@ -168,8 +168,10 @@ def test_weights_arriving_during_a_shared_evaluation_wait_for_its_end(make_confi
 def test_each_env_process_is_answered_as_soon_as_its_observations_arrive(make_config):
     """Two env processes on one rollout worker: each is its own stream (its own policy batch and
     trajectories), so the one whose step ends first gets its actions without waiting for the
-    other's observations, and its trajectory reaches the actor on its own key."""
+    other's observations, and its trajectory reaches the actor on its own key. The streams begin
+    their trajectories together: the next one of the early stream waits for the late stream's."""
     import threading
+    import time
 
     from embodied_async.config import resolve_topology
     from embodied_async.data import ActionMessage, WeightMessage
@@ -199,8 +201,15 @@ def test_each_env_process_is_answered_as_soon_as_its_observations_arrive(make_co
             channels.env_outputs.put(early_env.step(message.actions), key=(1, 0))
         shard = channels.trajectories.get(key=(0, 1, 0), timeout=30)  # (rollout rank, stream, actor rank)
         assert shard.actions.shape[:2] == (2, 2) and channels.actions.qsize((0, 0)) == 0
+        time.sleep(0.5)
+        assert channels.actions.qsize((1, 0)) == 0  # its next trajectory waits for env process 0's first
         channels.env_outputs.put(late_env.reset(), key=(0, 0))
-        assert channels.actions.get(key=(0, 0), timeout=30).actions.shape[0] == 2
+        for _ in range(2):
+            message = channels.actions.get(key=(0, 0), timeout=30)
+            assert message.actions.shape[0] == 2
+            channels.env_outputs.put(late_env.step(message.actions), key=(0, 0))
+        assert channels.trajectories.get(key=(0, 0, 0), timeout=30).actions.shape[:2] == (2, 2)
+        assert channels.actions.get(key=(1, 0), timeout=30).actions.shape[0] == 2  # both begin the next
     finally:
         worker.stop()
         loop.join(timeout=30)
