@@ -28,6 +28,7 @@ def lora_config(make_config, tmp_path):
         "model.unnorm_key=tiny", "model.precision=bfloat16", "model.value_head_hidden_sizes=[16]",
         "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj,v_proj]",
         "model.store_raw_images=true", f"env.num_envs={B}", f"rollout.num_steps={T}", "actor.global_batch_size=4",
+        "cluster.component_placement.env=0",  # one stream: the actor trains on the one trajectory put below
         "actor.micro_batch_size=2", "actor.critic_warmup_steps=2", "actor.lr=1e-2", "actor.value_lr=1e-2",
         "algorithm.update_epochs=1", "algorithm.target_kl=null", "rollout.recompute_logprobs=false")
 
