@@ -30,7 +30,9 @@ def synthetic_trajectory() -> Trajectory:
 
 def first_update(make_config, world_size: int, name: str):
     # one epoch, one minibatch of the whole batch: the update is then independent of sample order
-    cfg = make_config(f"cluster.component_placement.actor=0-{world_size - 1}", "algorithm.update_epochs=1",
+    # one env process: one stream, whose trajectory each rank gets its shard of below
+    cfg = make_config(f"cluster.component_placement.actor=0-{world_size - 1}", "cluster.component_placement.env=0",
+                      "algorithm.update_epochs=1",
                       f"actor.global_batch_size={T * B}", f"actor.micro_batch_size={T * B // 2}",
                       "algorithm.target_kl=null", "model.hidden_sizes=[16,16]")
     actor_ch, weight_ch = RayChannel.create(f"traj-{name}"), RayChannel.create(f"weights-{name}")
