@@ -68,7 +68,10 @@ def env_process(pipe, num_envs: int, first_index: int) -> None:
                         o, _ = env.reset()
                     else:
                         successes.append(False)
-                    obs.append(flat(o)); rewards.append(float(r)); terminated.append(term); truncated.append(trunc)
+                    obs.append(flat(o))
+                    rewards.append(float(r))
+                    terminated.append(term)
+                    truncated.append(trunc)
                 obs = np.stack(obs)
                 final_obs = obs.copy()
                 for i, o in finals.items():
@@ -300,10 +303,11 @@ def main() -> None:
         eval_envs.close()
     summary = {"baseline": "ppo_pushcube_sync", "seed": args.seed, "env_steps": env_steps, "train_s": round(train_s, 2),
                "env_steps_per_s": round(env_steps / train_s, 1), "collect_s": round(collect_s, 2),
-               "learn_s": round(train_s - collect_s, 2), "sim_cpu_ms_per_env_step": round(1000 * sim_cpu / env_steps, 3),
-               "target_success": args.target_success,
-               "reached": reached, "curve": [r for r in history if "eval_success" in r], "last_eval": next((r["eval_success"] for r in reversed(history)
-                                                      if "eval_success" in r), None)}
+               "learn_s": round(train_s - collect_s, 2),
+               "sim_cpu_ms_per_env_step": round(1000 * sim_cpu / env_steps, 3),
+               "target_success": args.target_success, "reached": reached,
+               "curve": [r for r in history if "eval_success" in r],
+               "last_eval": next((r["eval_success"] for r in reversed(history) if "eval_success" in r), None)}
     print(json.dumps(summary), flush=True)
     if args.json:
         with open(args.json, "w") as f:

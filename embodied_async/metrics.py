@@ -8,7 +8,6 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-
 # Per-episode means of the env workers: pooled weighted by each worker's finished episodes.
 EPISODE_MEANS = ("env/success_rate", "env/episode_return", "env/episode_len")
 

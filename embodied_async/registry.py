@@ -74,8 +74,9 @@ def _discover() -> Dict[str, Dict[str, type]]:
             if values.setdefault(entry.name, entry.value) != entry.value:  # two packages, one name
                 found[section].pop(entry.name, None)
                 _broken[section][entry.name] = (
-                    f"two installed packages register the {KINDS[section]} family {entry.name!r} ('{values[entry.name]}' "
-                    f"and '{entry.value}', group {group}): uninstall one or rename its entry point")
+                    f"two installed packages register the {KINDS[section]} family {entry.name!r} "
+                    f"('{values[entry.name]}' and '{entry.value}', group {group}): uninstall one or rename its "
+                    "entry point")
                 continue
             if entry.name in _broken[section]:
                 continue
@@ -104,7 +105,10 @@ def family_config(section: str, name: Any) -> type:
     if name in _broken[section]:
         raise ConfigError(f"{section}.name={name!r}: {_broken[section][name]}")
     kind = KINDS[section]
-    what = f"{section}.name is not set" if name in (None, "???") else f"{section}.name={name!r} is not a registered {kind} family"
+    if name in (None, "???"):
+        what = f"{section}.name is not set"
+    else:
+        what = f"{section}.name={name!r} is not a registered {kind} family"
     hint = ""
     if not known:  # not even this repository's own families: its entry points are not installed
         hint = (" (none at all: the project's entry points are not installed in this Python environment; "

@@ -362,7 +362,8 @@ class Runner:
         self.last_saved_step = self.state["step"]
         print(f"[runner] checkpoint saved: {path}", flush=True)
         protect = (path, self.cfg.runner.resume_dir)
-        for old in prune_checkpoints(self.checkpoint_root, self.cfg.runner.keep_checkpoints, self.state["step"], protect):
+        keep = self.cfg.runner.keep_checkpoints
+        for old in prune_checkpoints(self.checkpoint_root, keep, self.state["step"], protect):
             print(f"[runner] removed old checkpoint {old} (runner.keep_checkpoints={self.cfg.runner.keep_checkpoints})",
                   flush=True)
         return path

@@ -267,7 +267,8 @@ def main() -> None:
                         help="score every evaluation's episodes in full (by default an evaluation ends once its "
                              "failures rule the target out: the passage is the same, the curves' early points "
                              "rest on fewer episodes)")
-    parser.add_argument("--max-env-steps", type=int, default=200_000, help="a run stops here if it never reached --target")
+    parser.add_argument("--max-env-steps", type=int, default=200_000,
+                        help="a run stops here if it never reached --target")
     parser.add_argument("--throughput", action="store_true", help="also measure the async recipe on a trained policy")
     parser.add_argument("--out", default=None)
     parser.add_argument("--record", default=None, metavar="DIR", help="copy the JSON and PNG to DIR/<date>-parity.*")
@@ -305,8 +306,9 @@ def main() -> None:
 
     summary = summarize(runs, args.seeds)
     report = {"config": args.config, "overrides": args.overrides, "target": args.target, "eval_every": args.eval_every,
-              "eval_episodes": args.eval_episodes, "full_evaluations": args.full_evaluations, "max_env_steps": args.max_env_steps, "seeds": args.seeds,
-              **summary, "runs": {arm: {str(s): r for s, r in sorted(by_seed.items())} for arm, by_seed in runs.items()}}
+              "eval_episodes": args.eval_episodes, "full_evaluations": args.full_evaluations,
+              "max_env_steps": args.max_env_steps, "seeds": args.seeds, **summary,
+              "runs": {arm: {str(s): r for s, r in sorted(by_seed.items())} for arm, by_seed in runs.items()}}
     if args.throughput:
         report["throughput"] = measure_throughput(args, runs, out_dir)
     with open(os.path.join(out_dir, "parity.json"), "w") as f:

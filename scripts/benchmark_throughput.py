@@ -28,7 +28,8 @@ final checkpoint, which ``--resume`` can take.
 
     .venv/bin/python scripts/benchmark_throughput.py                      # ~5-10 min on 2 cores
     .venv/bin/python scripts/benchmark_throughput.py --to-success 0.9 --seeds 0 1 2 --skip raw_env local_sync ray_sync
-    .venv/bin/python scripts/benchmark_throughput.py --skip raw_env --resume logs/<out>/recipe_seed0/checkpoints/global_step_<N>
+    .venv/bin/python scripts/benchmark_throughput.py --skip raw_env \
+        --resume logs/<out>/recipe_seed0/checkpoints/global_step_<N>
 
 Writes ``<out>/throughput.json`` and ``<out>/throughput.png`` (default ``logs/throughput-<time>``).
 """
@@ -68,7 +69,8 @@ def num_cores() -> int:
 
 
 def compose(config_name: str, overrides: list):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from embodied_async.config import resolve
     from embodied_async.config.hydra_schema import register_schema
@@ -284,7 +286,8 @@ def write_chart(report: Dict, path: str) -> None:
     names = [p for p in PHASES if p in phases]
     rates = [phases[p]["env_steps_per_s"] for p in names]
     left.bar(names, rates, color=["#999999", "#4c72b0", "#55a868", "#c44e52", "#8172b2"][:len(names)])
-    limits = [(i, phases[p]["limit_env_steps_per_s"]) for i, p in enumerate(names) if "limit_env_steps_per_s" in phases[p]]
+    limits = [(i, phases[p]["limit_env_steps_per_s"]) for i, p in enumerate(names)
+              if "limit_env_steps_per_s" in phases[p]]
     if limits:  # each run's own limit (the raw env rate measured just before it)
         xs, ys = zip(*limits)
         left.scatter(xs, ys, marker="_", s=900, color="black", label="compute-bound limit at that time")
@@ -346,7 +349,8 @@ def main() -> None:
 
     report: Dict = {"config": args.config, "overrides": args.overrides, "env_steps_per_run": args.env_steps,
                     "machine": {"cores": cores, "cpu": platform.processor() or platform.machine(),
-                                "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__},
+                                "python": platform.python_version(), "torch": torch.__version__,
+                                "ray": ray.__version__},
                     "placement": dict(cfg.cluster.component_placement), "workers": workers,
                     "pipeline_stages": topology.stages, "num_envs": cfg.env.num_envs, "phases": {}}
     phases = report["phases"]

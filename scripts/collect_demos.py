@@ -44,8 +44,9 @@ sys.path.insert(0, REPO_ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import envs  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
-import eval as eval_script  # noqa: E402  (scripts/eval.py: configs of recipes and of runs' checkpoints)
 from embodied_async.datasets.batches import CONVENTIONAL_KEYS  # noqa: E402
+
+import eval as eval_script  # noqa: E402  (scripts/eval.py: configs of recipes and of runs' checkpoints)
 
 DEFAULT_RECIPE = "maniskill_async_ppo_mlp"  # the recipe an env yaml is composed into
 # dataset key of each observation the dataset records, and of the actions (LeRobot's names)

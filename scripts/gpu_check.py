@@ -38,8 +38,13 @@ sys.path.insert(0, REPO_ROOT)
 
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update  # noqa: E402
 from embodied_async.config.schema import ActorConfig  # noqa: E402
-from embodied_async.workers.sharding import (gather_trainable, make_optimizer, shard_policy,  # noqa: E402
-                                             tensor_bytes, trainable_parameters)
+from embodied_async.workers.sharding import (  # noqa: E402
+    gather_trainable,
+    make_optimizer,
+    shard_policy,
+    tensor_bytes,
+    trainable_parameters,
+)
 from envs.synthetic.configuration_synthetic import SyntheticImageConfig  # noqa: E402
 from envs.synthetic.synthetic_env import SyntheticImageEnv  # noqa: E402
 from models.openvla.configuration_openvla import OpenVLAConfig  # noqa: E402

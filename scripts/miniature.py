@@ -39,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -469,12 +469,14 @@ def write_chart(record: Dict, path: str) -> None:
         xs = [p[x_key] for p in points]
         if points:
             rates = [p["success_rate"] for p in points]
-            errors = [[r - p["ci95"][0] for r, p in zip(rates, points)], [p["ci95"][1] - r for r, p in zip(rates, points)]]
+            errors = [[r - p["ci95"][0] for r, p in zip(rates, points)],
+                      [p["ci95"][1] - r for r, p in zip(rates, points)]]
             axis.errorbar(xs, rates, yerr=errors, marker="o", capsize=3,
                           label=f"beside training ({points[0]['episodes']} episodes)")
         end = max(xs) if xs else 0
         low, high = final["ci95"]
-        axis.errorbar([end], [final["success_rate"]], yerr=[[final["success_rate"] - low], [high - final["success_rate"]]],
+        rate = final["success_rate"]
+        axis.errorbar([end], [rate], yerr=[[rate - low], [high - rate]],
                       marker="s", color="black", capsize=4, label=f"final, {evaluation['episodes']} episodes")
         if x_key == "env_steps":  # RL starts from the SFT checkpoint: its evaluation at 0 env steps
             start = evaluation["before_rl"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets the machine up (scripts/setup.sh) and runs the test suite.
+# Sets the machine up (scripts/setup.sh), checks the code with ruff and runs the test suite.
 # Usage: bash scripts/test.sh [pytest arguments ...]   e.g. -m "not slow", tests/algorithms
 set -euo pipefail
 
@@ -9,6 +9,13 @@ bash scripts/setup.sh
 
 # Headless rendering: MuJoCo and PyOpenGL go through EGL (Mesa on a CPU-only machine).
 export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
+
+# The lint first (pyflakes, pycodestyle, import order; its settings in pyproject.toml): a second.
+if ! .venv/bin/ruff check --quiet .; then
+    echo "[test] error: ruff check found the problems above; '.venv/bin/ruff check --fix .' mends import" \
+         "order and unused imports, the rest is by hand" >&2
+    exit 1
+fi
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?

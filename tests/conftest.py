@@ -7,8 +7,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from embodied_async.config import to_train_config
 import envs  # noqa: F401,I001  (MuJoCo's EGL backend, before a test module imports ManiSkill and with it mujoco)
+from embodied_async.config import to_train_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # golden data made by reference implementations; read-only, beside the checkout (also in CI)

@@ -4,7 +4,6 @@ import importlib.util
 import os
 
 import numpy as np
-
 from conftest import REPO_ROOT
 
 

@@ -9,8 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from embodied_async.checkpoint_io import (CheckpointError, assert_no_pickle, load_tree, save_tree,
-                                          verify_checkpoint, write_manifest)
+from embodied_async.checkpoint_io import (
+    CheckpointError,
+    assert_no_pickle,
+    load_tree,
+    save_tree,
+    verify_checkpoint,
+    write_manifest,
+)
 
 
 def realistic_tree():

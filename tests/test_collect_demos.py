@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO_ROOT
-from embodied_async.datasets.reader import DatasetReader
 from teacher_checkpoints import make_teacher
+
+from embodied_async.datasets.reader import DatasetReader
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "collect_demos.py")
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))

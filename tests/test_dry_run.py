@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT
+
 from embodied_async.config import resolve_topology
 from embodied_async.plan import memory_per_device, planned_num_gpus
 from embodied_async.registry import build_policy
@@ -19,8 +19,8 @@ ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 
 
 def test_7b_recipe_dry_run_prints_the_plan_and_starts_nothing():
-    proc = subprocess.run([sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_openvla", "runner.dry_run=true"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_openvla", "runner.dry_run=true"]
+    proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "nothing started" in out and "building workers" not in out

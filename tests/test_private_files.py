@@ -5,10 +5,9 @@ import os
 import stat
 
 import pytest
-
-from embodied_async.private_files import (FolderRefused, make_log_folder, private_folder, private_ray_token,
-                                          ray_temp_dir)
 from local_users import NOBODY
+
+from embodied_async.private_files import FolderRefused, make_log_folder, private_folder, private_ray_token, ray_temp_dir
 
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a folder to another user (CI runs as root)")
 
@@ -81,6 +80,7 @@ def test_rays_token_is_made_readable_by_this_user_alone(home, capfd, monkeypatch
 
 def test_a_local_ray_instance_keeps_its_session_in_a_private_folder():
     import ray
+
     from embodied_async.scheduler.worker_group import init_ray
 
     # this user's real token: Ray's client keeps the token it read first in this process

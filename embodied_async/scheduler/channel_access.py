@@ -47,8 +47,8 @@ import numpy as np
 from embodied_async import data as messages
 from embodied_async.private_files import private_folder
 
-__all__ = ["PROOF_TIMEOUT_S", "accept_producer", "close_socket", "connect_to_consumer", "dump_frame", "load_frame", "new_channel",
-           "open_listener", "socket_path", "stop_listening"]
+__all__ = ["PROOF_TIMEOUT_S", "accept_producer", "close_socket", "connect_to_consumer", "dump_frame", "load_frame",
+           "new_channel", "open_listener", "socket_path", "stop_listening"]
 
 _PROOF = struct.Struct("<4s16s32s")  # magic, the producer's nonce, HMAC-SHA256 (``_proof_digest``)
 _PROOF_MAGIC = b"EAC1"

@@ -11,9 +11,9 @@ Same API and semantics as the other channels (``channel.py``): FIFO per key, ``m
 in flight per key (backpressure: the consumer acknowledges each item it takes), timeouts that
 withdraw the operation, ``ChannelClosed``. The difference: each key has one producer process and
 one consumer process: the consumer declares its keys (``listen``, or its first ``get``), the
-producer's first ``put`` connects to it (waiting until it listens). The consumer's end going away (closed, process ended) reaches the producer as
-``ChannelClosed``, and the other way round. ``qsize`` works from any process of the node: the
-counts live in a small shared file.
+producer's first ``put`` connects to it (waiting until it listens). The consumer's end going away
+(closed, process ended) reaches the producer as ``ChannelClosed``, and the other way round.
+``qsize`` works from any process of the node: the counts live in a small shared file.
 
 Only the run's own processes can deliver items, and only message types are unpickled (how:
 ``channel_access.py``); a refused connection is counted and reported once per key.
@@ -36,9 +36,18 @@ from typing import Any, Dict, Hashable, Optional, Sequence
 import numpy as np
 
 from embodied_async.scheduler.channel import ChannelClosed, ChannelFuture, Shared
-from embodied_async.scheduler.channel_access import (accept_producer, close_socket, connect_to_consumer, dump_frame,
-                                                     load_frame, new_channel, open_listener, recv_exact, send_all,
-                                                     stop_listening)
+from embodied_async.scheduler.channel_access import (
+    accept_producer,
+    close_socket,
+    connect_to_consumer,
+    dump_frame,
+    load_frame,
+    new_channel,
+    open_listener,
+    recv_exact,
+    send_all,
+    stop_listening,
+)
 
 __all__ = ["DirectChannel"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Dict, List
 
-
 from embodied_async.algorithms import compute_gae, explained_variance
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
@@ -76,8 +75,8 @@ class ActorWorker(TrainerCore):
             epochs=alg.update_epochs, minibatch_size=per_rank,
             micro_batch_size=min(actor.micro_batch_size, per_rank), world_size=self.world_size, version=self.version,
             recompute_logprobs=self.cfg.rollout.recompute_logprobs,
-            critic_warmup_left=max(0, actor.critic_warmup_steps - self.optimizer_steps), clip_ratio_low=alg.clip_ratio_low,
-            clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
+            critic_warmup_left=max(0, actor.critic_warmup_steps - self.optimizer_steps),
+            clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
             behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
             huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
             normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,

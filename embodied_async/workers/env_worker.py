@@ -11,8 +11,14 @@ from embodied_async.contracts import EnvSpec
 from embodied_async.data import ActionMessage, EnvOutput
 from embodied_async.registry import build_env
 from embodied_async.scheduler.channel import ChannelClosed
-from embodied_async.workers.base import (BusyTimer, ProcessClock, Stopped, process_metrics, setup_worker_process,
-                                         wait_future)
+from embodied_async.workers.base import (
+    BusyTimer,
+    ProcessClock,
+    Stopped,
+    process_metrics,
+    setup_worker_process,
+    wait_future,
+)
 
 POLL_SECONDS = 0.5  # how often a blocked loop looks at its stop flag
 

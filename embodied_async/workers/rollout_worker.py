@@ -18,8 +18,14 @@ from embodied_async.normalization import pop_observation_moments
 from embodied_async.registry import build_env, build_policy
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.scheduler.futures import first_done
-from embodied_async.workers.base import (BusyTimer, ProcessClock, Stopped, process_metrics, setup_worker_process,
-                                         wait_future)
+from embodied_async.workers.base import (
+    BusyTimer,
+    ProcessClock,
+    Stopped,
+    process_metrics,
+    setup_worker_process,
+    wait_future,
+)
 
 POLL_SECONDS = 0.5
 # Evaluation runs one fixed version beside the rollout. A policy up to this size is copied for
@@ -330,7 +336,8 @@ class RolloutWorker:
     def _run_evaluation(self, policy, version: int, num_episodes: int, num_envs: int) -> Dict[str, object]:
         runner = self.cfg.runner
         stop_below = runner.stop_at_eval_success if runner.eval_stop_once_below_target else None
-        result = run_episodes(policy, self._eval_env, num_episodes, runner.eval_video_episodes if runner.eval_video else 0,
+        videos = runner.eval_video_episodes if runner.eval_video else 0
+        result = run_episodes(policy, self._eval_env, num_episodes, videos,
                               seed=evaluation_seed(runner.seed, version), stop_below=stop_below)
         summary = result.summary(self.reports_success)
         return {"eval/success_rate": summary["success_rate"], "eval/episode_return": summary["episode_return"],

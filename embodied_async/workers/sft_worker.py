@@ -12,11 +12,17 @@ from typing import Dict, Iterator, Optional
 import numpy as np
 import torch
 
+from embodied_async.algorithms.ppo import all_ranks_finite, clip_gradients
 from embodied_async.algorithms.schedules import lr_factor
 from embodied_async.contracts import SupervisedPolicy
-from embodied_async.algorithms.ppo import all_ranks_finite, clip_gradients
-from embodied_async.datasets.batches import (SupervisedBatch, SupervisedSamples, batch_stream, iterate_batch_indices,
-                                             open_dataset, split_episodes)
+from embodied_async.datasets.batches import (
+    SupervisedBatch,
+    SupervisedSamples,
+    batch_stream,
+    iterate_batch_indices,
+    open_dataset,
+    split_episodes,
+)
 from embodied_async.workers.base import process_metrics
 from embodied_async.workers.sharding import reshard
 from embodied_async.workers.trainer_core import TrainerCore
@@ -34,7 +40,8 @@ class SupervisedWorker(TrainerCore):
     def prepare_policy(self, policy) -> None:
         if not isinstance(policy, SupervisedPolicy):
             raise TypeError(f"the {self.cfg.model.name} policy defines no supervised loss (supervised_loss and "
-                            "supervised_horizon, contracts.SupervisedPolicy): it cannot be trained with runner.mode=sft")
+                            "supervised_horizon, contracts.SupervisedPolicy): it cannot be trained with "
+                            "runner.mode=sft")
         horizon = int(policy.supervised_horizon)
         self.train_samples = SupervisedSamples(self.reader, self.keys, horizon, self.train_episodes)
         self.val_samples = SupervisedSamples(self.reader, self.keys, horizon, self.val_episodes) \

@@ -24,8 +24,16 @@ from embodied_async.data import WeightMessage
 from embodied_async.normalization import normalizer_state
 from embodied_async.registry import build_policy
 from embodied_async.workers.base import ProcessClock, setup_worker_process
-from embodied_async.workers.sharding import (COMPUTE_DTYPES, gather_trainable, load_model_state, make_optimizer,
-                                             name_param_groups, shard_policy, tensor_bytes, trainable_parameters)
+from embodied_async.workers.sharding import (
+    COMPUTE_DTYPES,
+    gather_trainable,
+    load_model_state,
+    make_optimizer,
+    name_param_groups,
+    shard_policy,
+    tensor_bytes,
+    trainable_parameters,
+)
 
 SAVE_LOCK_TIMEOUT_S = 30.0
 # Our policies return values.squeeze(-1) (a view) and never modify it in place.
@@ -204,8 +212,11 @@ class TrainerCore:
         policy; under LoRA the frozen 7B weights are not copied into every checkpoint unless
         ``runner.checkpoint_frozen_weights`` asks for the full state dict.
         """
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full = self.cfg.runner.checkpoint_frozen_weights

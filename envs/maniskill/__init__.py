@@ -5,8 +5,8 @@ family's config (every run does) imports neither the env module nor ManiSkill.""
 import importlib
 
 _MODULE_OF = {"ManiSkillConfig": "configuration_maniskill", "ManiSkillEnv": "maniskill_env",
-              "bootstrap_flags": "maniskill_env", "check_task_assets": "maniskill_env", "check_task_robot": "maniskill_env",
-              "task_instruction": "maniskill_env"}
+              "bootstrap_flags": "maniskill_env", "check_task_assets": "maniskill_env",
+              "check_task_robot": "maniskill_env", "task_instruction": "maniskill_env"}
 
 __all__ = sorted(_MODULE_OF)
 

@@ -24,8 +24,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.contracts import EnvSpec
-from embodied_async.data import (EnvOutput, Observation, action_chunks, bootstrap_flags, concat_observations,
-                                 final_observations)
+from embodied_async.data import (
+    EnvOutput,
+    Observation,
+    action_chunks,
+    bootstrap_flags,
+    concat_observations,
+    final_observations,
+)
 from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
@@ -137,7 +143,9 @@ def check_task_modes(task_id: str, obs_mode: str, reward_mode: str) -> None:
     obs_modes = tuple(task.SUPPORTED_OBS_MODES)
     textures = obs_mode != "state" and "any_textures" in obs_modes
     if obs_mode not in obs_modes and not textures:
-        usable = [m for m in obs_modes if m in OBS_MODES] + (["rgb", "rgb+segmentation"] if "any_textures" in obs_modes else [])
+        usable = [m for m in obs_modes if m in OBS_MODES]
+        if "any_textures" in obs_modes:
+            usable += ["rgb", "rgb+segmentation"]
         raise ValueError(f"ManiSkill task '{task_id}' does not support env.obs_mode={obs_mode!r}: it supports "
                          f"{list(obs_modes)}. Set env.obs_mode to one of {sorted(set(usable))}")
     reward_modes = tuple(task.SUPPORTED_REWARD_MODES)

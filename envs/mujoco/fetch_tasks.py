@@ -63,7 +63,8 @@ class SubEnv(GymSubEnv):
         tasks = _registered_tasks()
         if cfg.task not in tasks:
             close = difflib.get_close_matches(cfg.task, tasks, n=3)
-            raise ValueError(f"env.task={cfg.task!r} is not a Fetch task{' (close: ' + ', '.join(close) + ')' if close else ''}; "
+            hint = f" (close: {', '.join(close)})" if close else ""
+            raise ValueError(f"env.task={cfg.task!r} is not a Fetch task{hint}; "
                              f"gymnasium-robotics ships: {', '.join(tasks)}")
         for key, name in (("env.main_camera", cfg.main_camera), ("env.wrist_camera", cfg.wrist_camera)):
             if name not in (None, NO_CAMERA) and name not in CAMERAS:

@@ -77,12 +77,14 @@ class SubEnv(GymSubEnv):
         tasks = list(metaworld.ALL_V3_ENVIRONMENTS)
         if cfg.task not in tasks:
             close = difflib.get_close_matches(cfg.task, tasks, n=3)
-            raise ValueError(f"env.task={cfg.task!r} is not a Meta-World task{' (close: ' + ', '.join(close) + ')' if close else ''}; "
+            hint = f" (close: {', '.join(close)})" if close else ""
+            raise ValueError(f"env.task={cfg.task!r} is not a Meta-World task{hint}; "
                              f"Meta-World ships: {', '.join(tasks)}")
         cameras = ("topview", "corner", "corner2", "corner3", "corner4", "behindGripper", "gripperPOV")
         for key, name in (("env.main_camera", cfg.main_camera), ("env.wrist_camera", cfg.wrist_camera)):
             if name not in (None, NO_CAMERA) and name not in cameras:
-                raise ValueError(f"{key}={name!r} is not a Meta-World camera; its cameras: {', '.join(cameras)} (or 'none')")
+                raise ValueError(f"{key}={name!r} is not a Meta-World camera; its cameras: {', '.join(cameras)} "
+                                 "(or 'none')")
 
 
 class ScriptedExpert:

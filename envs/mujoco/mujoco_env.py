@@ -28,8 +28,14 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from embodied_async.contracts import EnvSpec
-from embodied_async.data import (EnvOutput, Observation, action_chunks, bootstrap_flags, concat_observations,
-                                 final_observations)
+from embodied_async.data import (
+    EnvOutput,
+    Observation,
+    action_chunks,
+    bootstrap_flags,
+    concat_observations,
+    final_observations,
+)
 from embodied_async.evaluation import VIDEO_KEY
 
 from .configuration_mujoco import NO_CAMERA, MujocoConfig

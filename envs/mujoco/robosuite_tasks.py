@@ -41,8 +41,8 @@ REACH_SUCCESS_DISTANCE = 0.05  # metres between the gripper and the target
 
 def _register_reach():
     """The Reach task, registered with robosuite (its environments register when defined)."""
-    from robosuite.environments.manipulation.manipulation_env import ManipulationEnv
     from robosuite.environments.base import REGISTERED_ENVS
+    from robosuite.environments.manipulation.manipulation_env import ManipulationEnv
 
     if "Reach" in REGISTERED_ENVS:
         return
@@ -221,12 +221,14 @@ class SubEnv:
         tasks = sorted(robosuite.ALL_ENVIRONMENTS)
         if cfg.task not in tasks:
             close = difflib.get_close_matches(cfg.task, tasks, n=3)
-            raise ValueError(f"env.task={cfg.task!r} is not a robosuite task{' (close: ' + ', '.join(close) + ')' if close else ''}; "
+            hint = f" (close: {', '.join(close)})" if close else ""
+            raise ValueError(f"env.task={cfg.task!r} is not a robosuite task{hint}; "
                              f"robosuite {robosuite.__version__} ships: {', '.join(tasks)}")
         robots = sorted(robosuite.ALL_ROBOTS)
         if cfg.robot not in robots:
-            raise ValueError(f"env.robot={cfg.robot!r} is not a robosuite robot; robosuite {robosuite.__version__} ships: "
-                             f"{', '.join(robots)} (single-arm ones that load in the table tasks: {SINGLE_ARM_ROBOTS_HINT})")
+            raise ValueError(f"env.robot={cfg.robot!r} is not a robosuite robot; robosuite {robosuite.__version__} "
+                             f"ships: {', '.join(robots)} (single-arm ones that load in the table tasks: "
+                             f"{SINGLE_ARM_ROBOTS_HINT})")
         controllers = sorted(ALL_PART_CONTROLLERS)
         if cfg.controller is not None and cfg.controller not in controllers:
             raise ValueError(f"env.controller={cfg.controller!r} is not a robosuite arm controller; use one of: "
@@ -240,7 +242,8 @@ class SubEnv:
                 sub.close()
             if missing:
                 raise ValueError(f"camera {missing[0]!r} (env.main_camera / env.wrist_camera) is not in robosuite task "
-                                 f"'{cfg.task}' with {cfg.robot}; its cameras: {', '.join(sub.camera_names)} (or 'none')")
+                                 f"'{cfg.task}' with {cfg.robot}; its cameras: {', '.join(sub.camera_names)} "
+                                 "(or 'none')")
 
 
 def _words(name: str) -> str:

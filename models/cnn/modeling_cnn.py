@@ -8,8 +8,16 @@ from torch import nn
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from models.cnn.configuration_cnn import CNNConfig
-from models.common import (ACTIVATIONS, GaussianHead, RunningNorm, as_tensor, gaussian_supervised_loss, layer_init,
-                           make_mlp, set_running_norm)
+from models.common import (
+    ACTIVATIONS,
+    GaussianHead,
+    RunningNorm,
+    as_tensor,
+    gaussian_supervised_loss,
+    layer_init,
+    make_mlp,
+    set_running_norm,
+)
 
 
 class ImageEncoder(nn.Module):

@@ -19,7 +19,8 @@ class MLPPolicy(nn.Module):
     def __init__(self, cfg: MLPConfig, env_spec: EnvSpec):
         super().__init__()
         if "states" not in env_spec.obs_shapes:
-            raise ValueError(f"model.name=mlp needs a 'states' observation; this env gives {sorted(env_spec.obs_shapes)}")
+            raise ValueError("model.name=mlp needs a 'states' observation; this env gives "
+                             f"{sorted(env_spec.obs_shapes)}")
         state_dim = int(env_spec.obs_shapes["states"][0])
         chunks, action_dim = env_spec.num_action_chunks, env_spec.action_dim
         self.normalizer = RunningNorm(state_dim) if cfg.normalize_obs else None

@@ -21,7 +21,6 @@ import torch.utils.checkpoint
 from safetensors import safe_open
 from torch import nn
 from transformers import LlamaForCausalLM
-from transformers.cache_utils import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from .configuration_openvla import OpenVLAConfig, ViTConfig
@@ -350,7 +349,8 @@ class OpenVLAModel(nn.Module):
         positions continuing after the multimodal length.  Rows may be left- or right-padded
         (``attention_mask`` marks real tokens).  Unlike HF ``generate`` there is no EOS stop:
         an action always has exactly ``num_tokens`` tokens.  The prompt is used as given; see
-        :func:`~models.openvla.processing_openvla.prepare_prompt_ids` / :meth:`predict_action_tokens` for the 29871 rule.
+        :func:`~models.openvla.processing_openvla.prepare_prompt_ids` / :meth:`predict_action_tokens`
+        for the 29871 rule.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

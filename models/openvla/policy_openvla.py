@@ -41,7 +41,13 @@ from models.common import as_tensor, head_output, inference, make_mlp
 from .action_tokenizer import ActionTokenizer, get_action_stats
 from .configuration_policy import OpenVLAPolicyConfig
 from .modeling_openvla import OpenVLAModel, load_openvla
-from .processing_openvla import OpenVLAImageProcessor, OpenVLAProcessor, build_prompt, left_pad_batch, prepare_prompt_ids
+from .processing_openvla import (
+    OpenVLAImageProcessor,
+    OpenVLAProcessor,
+    build_prompt,
+    left_pad_batch,
+    prepare_prompt_ids,
+)
 
 BOS_TOKEN_ID = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -365,7 +371,8 @@ class OpenVLAPolicy(nn.Module):
         ``actions`` is unused: the stored ``action_tokens`` define the decision exactly (the
         continuous actions are bin centres and would not identify out-of-range samples).
         """
-        ids, mask, tokens = forward_inputs["input_ids"], forward_inputs["attention_mask"], forward_inputs["action_tokens"]
+        ids, mask = forward_inputs["input_ids"], forward_inputs["attention_mask"]
+        tokens = forward_inputs["action_tokens"]
         pixels = forward_inputs.get("pixel_values")
         if pixels is None:  # stored already resized: normalising is exact and runs on the device
             pixels = self.image_processor.normalize(forward_inputs["images"].to(self.device))

@@ -90,7 +90,8 @@ def tiny_preprocessor_dict(image_size: int = 224) -> Dict[str, Any]:
     """``preprocessor_config.json`` of the fused backbone (bicubic, ImageNet / SigLIP stats)."""
     return {
         "image_processor_type": "PrismaticImageProcessor", "image_resize_strategy": "resize-naive",
-        "input_sizes": [[3, image_size, image_size], [3, image_size, image_size]], "interpolations": ["bicubic", "bicubic"],
+        "input_sizes": [[3, image_size, image_size], [3, image_size, image_size]],
+        "interpolations": ["bicubic", "bicubic"],
         "means": [[0.485, 0.456, 0.406], [0.5, 0.5, 0.5]], "stds": [[0.229, 0.224, 0.225], [0.5, 0.5, 0.5]],
         "use_fused_vision_backbone": True,
     }

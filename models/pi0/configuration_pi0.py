@@ -109,7 +109,8 @@ def _siglip_heads(folder: str, width: int) -> int:
 
 def _siglip_size(shapes: Dict[str, Tuple[int, ...]], folder: str) -> SiglipSize:
     width, _, patch, _ = shapes[f"{VISION}.embeddings.patch_embedding.weight"]
-    depth = len({k.split(".encoder.layers.")[1].split(".")[0] for k in shapes if ".encoder.layers." in k and VISION in k})
+    layers = {k.split(".encoder.layers.")[1].split(".")[0] for k in shapes if ".encoder.layers." in k and VISION in k}
+    depth = len(layers)
     return SiglipSize(width=width, depth=depth, mlp_dim=shapes[f"{VISION}.encoder.layers.0.mlp.fc1.weight"][0],
                       num_heads=_siglip_heads(folder, width), patch_size=patch,
                       num_patches=shapes[f"{VISION}.embeddings.position_embedding.weight"][0])
@@ -150,8 +151,10 @@ def read_architecture(folder: str) -> Pi0Architecture:
 
 
 # The sizes LeRobot's variant names stand for (its get_gemma_config) and SigLIP-so400m at 224 px
-GEMMA_VARIANTS = {"gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
-                  "gemma_300m": GemmaSize(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256)}
+GEMMA_VARIANTS = {
+    "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
+    "gemma_300m": GemmaSize(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256),
+}
 SIGLIP_SO400M = SiglipSize(width=1152, depth=27, mlp_dim=4304, num_heads=16, patch_size=14, num_patches=256)
 
 

@@ -25,7 +25,8 @@ def _architecture(model_cfg) -> Tuple[Pi0Architecture, str]:
     if model_cfg.tiny_random_init:
         from .tiny import tiny_architecture
 
-        return tiny_architecture(8, 7, ["base_0_rgb"], image_size=model_cfg.tiny_image_size), "the tiny random checkpoint's shape"
+        tiny = tiny_architecture(8, 7, ["base_0_rgb"], image_size=model_cfg.tiny_image_size)
+        return tiny, "the tiny random checkpoint's shape"
     return pi0_base_architecture(), f"the released Pi0's shape (PaliGemma 3B + 300M expert): {model_cfg.path} not here"
 
 
@@ -71,7 +72,8 @@ def estimate(model_cfg, workload) -> Dict[str, Dict[str, float]]:
     layers = [(vision.depth, cameras * vision.num_patches, vision.width), (vlm.depth, prefix, vlm.width),
               (expert.depth, suffix * (passes + 1), expert.width)]  # + the value probe
     if model_cfg.gradient_checkpointing:
-        activations = sum(m * n * w * compute * depth for depth, n, w in layers) + max(34 * m * n * w for _, n, w in layers)
+        activations = (sum(m * n * w * compute * depth for depth, n, w in layers)
+                       + max(34 * m * n * w for _, n, w in layers))
     else:
         activations = sum(34 * m * n * w * depth for depth, n, w in layers)
     actor = {"frozen weights (shard)": (counts["total"] - trainable) * compute / world,

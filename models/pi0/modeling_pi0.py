@@ -87,7 +87,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+def rotary(positions: torch.Tensor, head_dim: int, theta: float,
+           dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [B, S, head_dim] of rotate-half RoPE, computed in float32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
                                 / head_dim))
@@ -413,7 +414,8 @@ def load_pi0(folder: str, dtype: torch.dtype = torch.float32,
                 continue
             name = TIED_EMBEDDING[1] if key == TIED_EMBEDDING[0] else key
             if not name.startswith("model."):
-                raise Pi0CheckpointError(f"{folder}/{WEIGHTS_FILE}: key {key!r} is not under 'model.' (not a LeRobot Pi0)")
+                raise Pi0CheckpointError(f"{folder}/{WEIGHTS_FILE}: key {key!r} is not under 'model.' "
+                                         "(not a LeRobot Pi0)")
             tensor = f.get_tensor(key)
             state[name[len("model."):]] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}

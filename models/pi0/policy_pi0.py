@@ -14,7 +14,7 @@ alone and is the same whether it is asked during sampling, for bootstrapping or 
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -50,7 +50,8 @@ class Pi0Policy(nn.Module):
 
     def __init__(self, model: Pi0Model, normalization: Normalization, tokenize: Callable[[str], List[int]],
                  settings: ChainSettings, camera_keys: Sequence[str] = ("main_images",), value_input: str = "expert",
-                 value_head_hidden_sizes: Sequence[int] = (512, 128), noise_head_hidden_sizes: Sequence[int] = (128, 64),
+                 value_head_hidden_sizes: Sequence[int] = (512, 128),
+                 noise_head_hidden_sizes: Sequence[int] = (128, 64),
                  lora_rank: int = 0, lora_alpha: float = 32, lora_targets: Sequence[str] = (),
                  lora_parts: Sequence[str] = LORA_PARTS, lora_init=True, gradient_checkpointing: bool = False,
                  pad_after_scaling: bool = False):
@@ -157,7 +158,8 @@ class Pi0Policy(nn.Module):
         else:
             arch = self.model.arch
             probe = torch.zeros(state.shape[0], arch.chunk_size, arch.max_action_dim, device=state.device)
-            _, expert_out = self.model.run_suffix(*prefix, state, probe, torch.ones(state.shape[0], device=state.device))
+            times = torch.ones(state.shape[0], device=state.device)
+            _, expert_out = self.model.run_suffix(*prefix, state, probe, times)
             features = expert_out[:, :self.settings.executed_actions].mean(1)
         return head_output(self.value_head, features)
 
@@ -238,7 +240,7 @@ def load_tokenizer(name: str, vocab_size: int) -> Callable[[str], List[int]]:
         return words_tokenizer(vocab_size)
     from transformers import AutoTokenizer  # lazy: importing transformers takes seconds
 
-    from models.checkpoints import make_once, resolve_checkpoint
+    from models.checkpoints import resolve_checkpoint
 
     from .configuration_policy import TOKENIZER_FILES
 

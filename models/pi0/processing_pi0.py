@@ -150,7 +150,8 @@ def _processor_step(folder: str, file: str, registry_name: str):
 def normalization_from_config(stats: Mapping[str, Sequence[float]], modes: Mapping[str, str]) -> Normalization:
     """Statistics given in YAML (``{"observation.state.mean": [...], ...}``); modes default to
     LeRobot's Pi0 ones (MEAN_STD for state and actions)."""
-    return Normalization(modes={"STATE": "MEAN_STD", "ACTION": "MEAN_STD", **dict(modes)}, stats={k: torch.tensor(list(v), dtype=torch.float32) for k, v in stats.items()})
+    return Normalization(modes={"STATE": "MEAN_STD", "ACTION": "MEAN_STD", **dict(modes)},
+                         stats={k: torch.tensor(list(v), dtype=torch.float32) for k, v in stats.items()})
 
 
 def prompt_tokens(texts: Sequence[str], tokenize, max_length: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,5 @@
 """Proximal log-prob interpolation and the version gate."""
 
-import pytest
 import torch
 
 from embodied_async.algorithms import VersionGate, interpolate_proximal_logprobs, staleness

@@ -6,8 +6,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO_ROOT, build_config
+
 from embodied_async.config import ConfigError, check
 from embodied_async.config.validate import to_train_config
 
@@ -29,7 +29,8 @@ BAD = [
     ("nonsense.key=1", "unknown config key 'nonsense.key'", "Fix the spelling or remove it"),
     ("env.nmu_envs=3", "unknown config key 'env.nmu_envs'", "Valid keys under 'env' (ManiSkillConfig): name, num_envs"),
     ("model.hiden_sizes=[8]", "unknown config key 'model.hiden_sizes'", "Valid keys under 'model' (MLPConfig): name"),
-    ("env.num_envs=many", "env.num_envs", "Give a value of the type declared in envs.maniskill.configuration_maniskill"),
+    ("env.num_envs=many", "env.num_envs",
+     "Give a value of the type declared in envs.maniskill.configuration_maniskill"),
     ("env.name=doesnotexist", "env.name='doesnotexist' is not a registered env family", "registered: "),
     ("model.name=transformer9000", "model.name='transformer9000'", "registered: cnn, mlp, openvla"),
     ("model.activation=sigmoid", "model.activation='sigmoid'", "use one of: tanh, relu, gelu"),

@@ -5,9 +5,9 @@ import glob
 import os
 
 import pytest
+from conftest import REPO_ROOT
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO_ROOT
 from embodied_async.config import resolve
 from embodied_async.config.hydra_schema import register_schema
 

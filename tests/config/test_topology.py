@@ -3,8 +3,8 @@
 import copy
 
 import pytest
-
 from conftest import SMALL
+
 from embodied_async.config import ConfigError, resolve
 
 

@@ -5,11 +5,17 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import FIXTURES
+
 from embodied_async.contracts import EnvSpec
-from embodied_async.datasets.batches import (SupervisedSamples, batch_stream, check_against_spec, epoch_order, iterate_batch_indices,
-                                             split_episodes)
+from embodied_async.datasets.batches import (
+    SupervisedSamples,
+    batch_stream,
+    check_against_spec,
+    epoch_order,
+    iterate_batch_indices,
+    split_episodes,
+)
 from embodied_async.datasets.lerobot_format import DatasetError
 from embodied_async.datasets.reader import DatasetReader
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import FIXTURES
+
 from embodied_async.datasets.lerobot_format import DEFAULT_FEATURES, DatasetError
 from embodied_async.datasets.reader import DatasetReader, resolve_dataset
 from embodied_async.datasets.writer import DatasetWriter

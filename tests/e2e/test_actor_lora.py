@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from embodied_async.config import resolve_topology
+from embodied_async.contracts import EnvSpec
 from embodied_async.data import StepRecord, Trajectory
 from embodied_async.registry import build_policy
 from embodied_async.scheduler.channel import LocalChannel
 from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.workers.actor_worker import ActorWorker
-from embodied_async.workers.trainer_core import free_port
 from embodied_async.workers.sharding import gather_trainable
-from embodied_async.contracts import EnvSpec
+from embodied_async.workers.trainer_core import free_port
 
 T, B = 4, 2  # one update = 8 decisions = 2 optimiser steps of 4
 SPEC = EnvSpec(obs_shapes={"main_images": (32, 32, 3)}, obs_dtypes={"main_images": "uint8"}, action_dim=7)
@@ -26,7 +26,8 @@ def lora_config(make_config, tmp_path):
     return make_config(
         "model.name=openvla", f"model.path={tmp_path}/tiny_openvla", "model.tiny_random_init=true",
         "model.unnorm_key=tiny", "model.precision=bfloat16", "model.value_head_hidden_sizes=[16]",
-        "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj,v_proj]",
+        "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8",
+        "model.lora.target_modules=[q_proj,v_proj]",
         "model.store_raw_images=true", f"env.num_envs={B}", f"rollout.num_steps={T}", "actor.global_batch_size=4",
         "cluster.component_placement.env=0",  # one stream: the actor trains on the one trajectory put below
         "actor.micro_batch_size=2", "actor.critic_warmup_steps=2", "actor.lr=1e-2", "actor.value_lr=1e-2",

@@ -8,7 +8,6 @@ import shutil
 import tempfile
 
 import pytest
-
 from conftest import run_recipe
 from local_users import NOBODY, outcomes, start_intruder
 

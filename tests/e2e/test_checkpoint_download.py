@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT
 
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")

@@ -6,11 +6,11 @@ import os
 import pickle
 import time
 
+import fake_envs  # noqa: F401  (registers the test envs)
 import numpy as np
 import pytest
 import torch
 
-import fake_envs  # noqa: F401  (registers the test envs)
 from embodied_async.checkpoint_io import CheckpointError, load_tree, verify_checkpoint
 from embodied_async.runner import Runner
 from embodied_async.workers import actor_worker
@@ -199,10 +199,10 @@ def test_a_batch_trains_on_the_statistics_the_rollout_acts_with_next(make_config
 
 
 def test_rollout_predict_never_moves_the_statistics():
-    from models.mlp.modeling_mlp import MLPPolicy
     from embodied_async.contracts import EnvSpec
-    from models.mlp.configuration_mlp import MLPConfig
     from embodied_async.normalization import merge_observation_moments, pop_observation_moments
+    from models.mlp.configuration_mlp import MLPConfig
+    from models.mlp.modeling_mlp import MLPPolicy
 
     policy = MLPPolicy(MLPConfig(hidden_sizes=[8]), EnvSpec(obs_shapes={"states": (3,)},
                                                             obs_dtypes={"states": "float32"}, action_dim=2))

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, run_recipe
 from video_files import decode_mp4
 

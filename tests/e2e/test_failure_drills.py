@@ -13,10 +13,10 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO_ROOT
-from embodied_async.checkpoint_io import verify_checkpoint
 from test_interrupt_resume import ENTRY, SMALL_CLI, session_processes, wait_for_line
+
+from embodied_async.checkpoint_io import verify_checkpoint
 
 # the component's name in the error ("env[1].run failed: ..."), and the class name in its Ray
 # process title ("ray::EnvWorker..."); the first such process found is killed, whichever rank it is

@@ -3,14 +3,14 @@
 import json
 import os
 
+import fake_envs  # noqa: F401  (registers the test envs)
 import numpy as np
 import pytest
-import torch
-
-import fake_envs  # noqa: F401  (registers the test envs)
 from conftest import assert_logs_every_recipe_metric
+
 from embodied_async.runner import Runner
 from embodied_async.scheduler.worker_group import WorkerFailed
+
 
 def read_records(cfg):
     with open(os.path.join(cfg.runner.logger.log_path, "metrics.jsonl")) as f:

@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO_ROOT
 
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")

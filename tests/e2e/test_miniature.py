@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, assert_logs_every_recipe_metric
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "miniature.py")

@@ -11,8 +11,8 @@ from ray.cluster_utils import Cluster
 
 from embodied_async.runner import Runner
 from embodied_async.scheduler.channel import RayChannel
-from embodied_async.scheduler.graph_channels import RoutedChannel
 from embodied_async.scheduler.direct_channel import DirectChannel
+from embodied_async.scheduler.graph_channels import RoutedChannel
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ value head) starting from that checkpoint (model.init_from), on a real env."""
 import os
 
 import pytest
-
 from conftest import assert_logs_every_recipe_metric, run_recipe
 from demonstrations import run_tiny_sft
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO_ROOT
 from omegaconf import OmegaConf
 
-from conftest import REPO_ROOT
 from embodied_async.config import ConfigError, to_train_config
 
 PLUGIN_SOURCE = os.path.join(REPO_ROOT, "tests", "support", "example_plugin")
@@ -26,7 +26,8 @@ def installed(tmp_path_factory):
     and, through PYTHONPATH, in the processes this module starts. Yields that folder."""
     root = tmp_path_factory.mktemp("plugin")
     source, site = root / "source", root / "site"
-    shutil.copytree(PLUGIN_SOURCE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "configs"))
+    shutil.copytree(PLUGIN_SOURCE, source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "configs"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                     "--no-build-isolation", "--target", str(site), str(source)], check=True, timeout=300)
     sys.path.insert(0, str(site))
@@ -57,7 +58,8 @@ def test_discovered_through_entry_points(installed):
 
 
 def compose(overrides=(), config_dir=None):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from embodied_async.config.hydra_schema import register_schema
 

@@ -4,9 +4,9 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import build_config
 from demonstrations import random_demonstrations
+
 from embodied_async.checkpoint_io import load_tree
 from embodied_async.datasets.reader import DatasetReader
 

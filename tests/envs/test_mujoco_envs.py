@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 import yaml
-
 from conftest import REPO_ROOT
+
 from embodied_async.config import ConfigError
 
 MUJOCO_FAMILIES = ("robosuite", "metaworld", "fetch")
@@ -53,9 +53,9 @@ def build(cfg, num_envs=2, seed=0):
 
 
 def test_the_installed_simulators_are_within_the_pinned_ranges():
-    import tomllib
     from importlib.metadata import version
 
+    import tomllib
     from packaging.requirements import Requirement
 
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:

@@ -61,7 +61,8 @@ def test_metaworld_expert_solves_reach():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"task_id": "StackCube-v1"}, "no scripted expert for ManiSkill task 'StackCube-v1'.*PushCube-v1, PullCube-v1, PickCube-v1"),
+    ({"task_id": "StackCube-v1"},
+     "no scripted expert for ManiSkill task 'StackCube-v1'.*PushCube-v1, PullCube-v1, PickCube-v1"),
     ({"task_id": "PushCube-v1", "control_mode": "pd_joint_pos"},
      "acts in env.control_mode pd_ee_delta_pos / pd_ee_delta_pose / pd_joint_delta_pos, not 'pd_joint_pos'"),
     ({"task_id": "PushCube-v1", "robot_uids": "fetch"}, "drive the panda arm"),

@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 import torch
+from video_files import decode_mp4
 
 from embodied_async.data import PolicyOutput
 from embodied_async.evaluation import EvalResult, run_episodes, wilson_interval, write_videos
 from envs.synthetic.configuration_synthetic import SyntheticImageConfig
 from envs.synthetic.synthetic_env import SyntheticImageEnv
-from video_files import decode_mp4
 
 
 class TowardsTarget:

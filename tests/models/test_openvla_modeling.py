@@ -11,9 +11,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES, OPENVLA_FIXTURES
 from safetensors.torch import load_file, save_file
 
-from conftest import FIXTURES, OPENVLA_FIXTURES
 from models.openvla import (
     OpenVLACheckpointError,
     OpenVLAConfig,

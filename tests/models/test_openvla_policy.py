@@ -11,13 +11,13 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from conftest import FIXTURES, OPENVLA_FIXTURES
+
 from embodied_async.contracts import EnvSpec, Policy
 from embodied_async.registry import build_policy
 from models.configuration_lora import LoraConfig
+from models.openvla import left_pad_batch, load_openvla, prepare_prompt_ids
 from models.openvla.configuration_policy import OpenVLAPolicyConfig
-from models.openvla import load_openvla, left_pad_batch, prepare_prompt_ids
 from models.openvla.policy_openvla import OpenVLAPolicy, build_openvla_policy, hash_prompt_ids
 from models.openvla.tiny import make_tiny_openvla
 
@@ -242,5 +242,6 @@ def test_dataset_statistics_shipped_beside_a_checkpoint_are_merged(tmp_path):
         json.dump({"bridge_orig": finetuned, "tiny": finetuned}, f)
     policy = _policy(folder, unnorm_key="bridge_orig")
     assert policy.action_stats["q99"].tolist() == finetuned["action"]["q99"]
-    assert _policy(folder, unnorm_key="tiny").action_stats["q99"].tolist() == finetuned["action"]["q99"]  # the file wins
+    # the file wins
+    assert _policy(folder, unnorm_key="tiny").action_stats["q99"].tolist() == finetuned["action"]["q99"]
     assert sorted(load_openvla(folder).config.norm_stats) == ["bridge_orig", "tiny"]

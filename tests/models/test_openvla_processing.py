@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES, OPENVLA_FIXTURES
 from PIL import Image
 
-from conftest import FIXTURES, OPENVLA_FIXTURES
 from models.openvla.action_tokenizer import ActionTokenizer, action_dim, get_action_stats
 from models.openvla.processing_openvla import (
     OpenVLAImageProcessor,

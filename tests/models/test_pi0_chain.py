@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from conftest import FIXTURES
+
 from models.pi0.chain import ChainSettings, chain_log_prob, sample_chain
 from models.pi0.modeling_pi0 import load_pi0
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from models.pi0.flow_sampling import (bounded_std, euler_mean, gaussian_log_prob, sde_sigma, sde_transition)
+from models.pi0.flow_sampling import bounded_std, euler_mean, gaussian_log_prob, sde_sigma, sde_transition
 
 
 def test_sde_transition_matches_its_formula_and_the_euler_step_without_noise():

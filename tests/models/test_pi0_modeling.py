@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES
 from safetensors.torch import load_file, save_file
 
-from conftest import FIXTURES
 from models.pi0.configuration_pi0 import read_architecture
 from models.pi0.modeling_pi0 import Pi0CheckpointError, attention_mask_2d, load_pi0, sinusoidal_time_embedding
 
@@ -49,7 +49,8 @@ def close(actual, expected, atol, rtol=0.0):
 
 def test_architecture_is_read_from_the_tensors_and_meta(ref):
     arch = read_architecture(FOLDER)
-    assert (arch.vlm.width, arch.vlm.depth, arch.vlm.mlp_dim, arch.vlm.num_kv_heads, arch.vlm.head_dim) == (64, 2, 128, 1, 16)
+    vlm = arch.vlm
+    assert (vlm.width, vlm.depth, vlm.mlp_dim, vlm.num_kv_heads, vlm.head_dim) == (64, 2, 128, 1, 16)
     assert (arch.expert.width, arch.expert.mlp_dim) == (48, 96)
     assert (arch.vision.width, arch.vision.num_heads, arch.vision.num_patches, arch.vocab_size) == (32, 4, 256, 1024)
     assert arch.cameras == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]

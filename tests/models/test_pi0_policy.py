@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from conftest import FIXTURES
+
 from embodied_async.contracts import Policy
 from models.pi0.chain import ChainSettings
 from models.pi0.modeling_pi0 import load_pi0

@@ -5,10 +5,17 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from conftest import FIXTURES
-from models.pi0.processing_pi0 import (Normalization, camera_images, normalization_from_config, pad_to,
-                                       prompt_tokens, read_normalization, resize_with_pad)
+
+from models.pi0.processing_pi0 import (
+    Normalization,
+    camera_images,
+    normalization_from_config,
+    pad_to,
+    prompt_tokens,
+    read_normalization,
+    resize_with_pad,
+)
 
 FOLDER = os.path.join(FIXTURES, "pi0_tiny_lerobot")
 pytestmark = pytest.mark.skipif(not os.path.isdir(FOLDER), reason="Pi0 fixture not available")

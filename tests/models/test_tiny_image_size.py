@@ -7,12 +7,12 @@ import os
 
 import numpy as np
 import pytest
+from test_supervised_loss import ACTION_DIM, demonstrations, spec
 
 from embodied_async.config import ConfigError
 from embodied_async.registry import build_policy
 from models.openvla.configuration_policy import OpenVLAPolicyConfig
 from models.pi0.configuration_policy import Pi0PolicyConfig
-from test_supervised_loss import ACTION_DIM, demonstrations, spec
 
 CONFIGS = {
     "openvla": lambda folder, size: OpenVLAPolicyConfig(path=folder, tiny_random_init=True, unnorm_key="tiny",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from channel_checks import check_first_done
 
 from embodied_async.scheduler import (
     ChannelClosed,
@@ -18,7 +19,6 @@ from embodied_async.scheduler import (
     RayChannel,
     create_channel,
 )
-from channel_checks import check_first_done
 
 
 @pytest.fixture(scope="module", autouse=True)

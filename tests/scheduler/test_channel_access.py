@@ -12,12 +12,12 @@ import threading
 
 import numpy as np
 import pytest
+from local_users import NOBODY, intrude, outcomes, start_intruder
 
 from embodied_async.data import ActionMessage
 from embodied_async.private_files import FolderRefused, private_folder
 from embodied_async.scheduler import channel_access
 from embodied_async.scheduler.direct_channel import DirectChannel
-from local_users import NOBODY, intrude, outcomes, start_intruder
 
 KEY = (0, 0)
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user (CI runs as root)")

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 import torch
+from channel_checks import check_first_done
 
 from embodied_async.data import ActionMessage, EnvOutput
 from embodied_async.scheduler import ChannelClosed
 from embodied_async.scheduler.direct_channel import DirectChannel
-from channel_checks import check_first_done
 
 KEYS = [(0, 0), (0, 1), (1, 0)]
 

@@ -5,9 +5,9 @@ import json
 import os
 
 import numpy as np
+from conftest import REPO_ROOT, run_recipe
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO_ROOT, run_recipe
 from embodied_async.config.hydra_schema import register_schema
 from embodied_async.config.validate import to_train_config
 from embodied_async.datasets.batches import CONVENTIONAL_KEYS, dataset_features

@@ -12,7 +12,8 @@ INTRUDER = open(os.path.join(os.path.dirname(__file__), "intruder.py")).read()
 
 def python_for(uid: int) -> str:
     """An interpreter that ``uid`` may run (the venv's may sit under a home folder it cannot enter)."""
-    for candidate in (sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3", "/usr/local/bin/python3"):
+    candidates = (sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3", "/usr/local/bin/python3")
+    for candidate in candidates:
         try:
             if candidate and subprocess.run([candidate, "-c", "pass"], user=uid, group=uid, extra_groups=[], cwd="/",
                                             capture_output=True).returncode == 0:

@@ -6,9 +6,8 @@ import json
 import os
 
 import torch
-from omegaconf import OmegaConf
-
 from conftest import REPO_ROOT
+from omegaconf import OmegaConf
 
 
 def make_teacher(log_dir, overrides=(), state_dim: int = 35, action_dim: int = 8, recipe="maniskill_async_ppo_mlp"):
