@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
+from embodied_async.config.placement import parse_device_ids
 from embodied_async.config.schema import TrainConfig
 from embodied_async.config.topology import Topology
-from embodied_async.scheduler.placement import parse_device_ids
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 0.5 * GIB  # per process that touches a GPU (driver, kernels, allocator)

@@ -59,3 +59,21 @@ def test_files_and_functions_stay_short():
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{path}: {node.name}() {lines} lines")
     assert not too_long
+
+
+def _imported_modules(source: str):
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+
+
+def test_the_config_layer_imports_no_part_that_runs_the_graph():
+    """Placement and topology are resolved in the config layer; the scheduler, the workers and the
+    runners consume the resolved ``Topology`` and are never imported by it."""
+    running = ("embodied_async.scheduler", "embodied_async.workers", "embodied_async.runner",
+               "embodied_async.sft_runner")
+    found = {path: sorted(m for m in _imported_modules(source) if m.startswith(running))
+             for path, source in framework_files() if path.startswith(os.path.join("embodied_async", "config"))}
+    assert found and not {path: modules for path, modules in found.items() if modules}

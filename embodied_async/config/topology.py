@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from embodied_async.config.checks import ConfigError, require
-from embodied_async.scheduler.placement import DEFAULT_COMPONENTS as COMPONENTS
-from embodied_async.scheduler.placement import PlacementError, detect_num_gpus, parse_placement
+from embodied_async.config.placement import DEFAULT_COMPONENTS as COMPONENTS
+from embodied_async.config.placement import PlacementError, detect_num_gpus, parse_placement
 
 
 @dataclass(frozen=True)

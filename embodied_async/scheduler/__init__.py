@@ -1,4 +1,5 @@
-"""Scheduling building blocks: component placement and keyed channels between components."""
+"""Scheduling building blocks: worker groups and keyed channels between components. (Where the
+components go is the config layer's: ``embodied_async.config.placement`` and ``.topology``.)"""
 
 from embodied_async.scheduler.channel import (
     ChannelClosed,
@@ -8,22 +9,12 @@ from embodied_async.scheduler.channel import (
     create_channel,
 )
 from embodied_async.scheduler.graph_channels import GraphChannels
-from embodied_async.scheduler.placement import (
-    PlacementError,
-    detect_num_gpus,
-    parse_device_ids,
-    parse_placement,
-)
 
 __all__ = [
     "ChannelClosed",
     "ChannelFuture",
     "GraphChannels",
     "LocalChannel",
-    "PlacementError",
     "RayChannel",
     "create_channel",
-    "detect_num_gpus",
-    "parse_device_ids",
-    "parse_placement",
 ]

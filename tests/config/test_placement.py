@@ -2,7 +2,7 @@
 
 import pytest
 
-from embodied_async.scheduler import (
+from embodied_async.config.placement import (
     PlacementError,
     detect_num_gpus,
     parse_device_ids,
