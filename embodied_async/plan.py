@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
+from embodied_async.config.batches import update_batches
 from embodied_async.config.placement import parse_device_ids
 from embodied_async.config.schema import TrainConfig
 from embodied_async.config.topology import Topology
@@ -42,9 +43,8 @@ def planned_num_gpus(cfg: TrainConfig) -> int:
 
 
 def workload(cfg: TrainConfig, topology: Topology) -> Workload:
-    per_rank = cfg.actor.global_batch_size // topology.actor_world_size
     return Workload(rollout_batch=topology.envs_per_stage, eval_batch=cfg.runner.eval_num_envs,
-                    actor_micro_batch=min(cfg.actor.micro_batch_size, per_rank),
+                    actor_micro_batch=update_batches(cfg, topology.actor_world_size).micro,
                     actor_world_size=topology.actor_world_size,
                     envs_per_process=topology.envs_per_stage * topology.stages)
 
@@ -72,8 +72,8 @@ def _placement_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
 
 
 def _supervised_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
-    per_rank = cfg.actor.global_batch_size // topology.actor_world_size
-    micro = min(cfg.actor.micro_batch_size, per_rank)
+    batches = update_batches(cfg, topology.actor_world_size)
+    per_rank, micro = batches.per_rank, batches.micro
     sft = cfg.sft
     schedule = f"{sft.lr_schedule} to {sft.min_lr_ratio} x actor.lr" if sft.lr_schedule == "cosine" else "constant"
     return [f"  dataset: {cfg.dataset.root} ({cfg.dataset.validation_fraction:.0%} of its episodes held out)",
@@ -87,11 +87,9 @@ def _batch_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
     if cfg.runner.mode == "sft":
         return _supervised_lines(cfg, topology)
     store = cfg.algorithm.rollout_store_size_per_rank
-    decisions = store * cfg.env.num_envs * cfg.rollout.num_steps
-    minibatches = decisions // cfg.actor.global_batch_size
-    per_rank = cfg.actor.global_batch_size // topology.actor_world_size
-    micro = min(cfg.actor.micro_batch_size, per_rank)
-    steps = minibatches * cfg.algorithm.update_epochs
+    batches = update_batches(cfg, topology.actor_world_size)
+    decisions, minibatches, steps = batches.decisions, batches.minibatches, batches.optimizer_steps
+    per_rank, micro = batches.per_rank, batches.micro
     lines = [
         f"  sub-envs: {cfg.env.num_envs} = {topology.num_env_workers} env processes x {topology.stages} stages x "
         f"{topology.envs_per_stage}; a rollout policy batch: {topology.envs_per_stage} sub-envs "

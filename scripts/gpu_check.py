@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import resource
@@ -37,7 +38,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update  # noqa: E402
-from embodied_async.config.schema import ActorConfig  # noqa: E402
+from embodied_async.config.schema import ActorConfig, AlgorithmConfig, RolloutConfig, TrainConfig  # noqa: E402
 from embodied_async.workers.sharding import (  # noqa: E402
     gather_trainable,
     make_optimizer,
@@ -137,13 +138,12 @@ def actor_batch(samples, micro: int, device) -> PPOBatch:
 
 
 def settings_for_update(n: int, recipe: dict) -> UpdateSettings:
-    alg, actor = recipe["algorithm"], recipe["actor"]
-    return UpdateSettings(epochs=1, minibatch_size=n, micro_batch_size=n, world_size=1, version=0,
-                          recompute_logprobs=False, critic_warmup_left=0, clip_ratio_low=alg["clip_ratio_low"],
-                          clip_ratio_high=alg["clip_ratio_high"], clip_ratio_c=alg["clip_ratio_c"],
-                          behave_weight_threshold=2.0, value_clip=alg["value_clip"], huber_delta=alg["huber_delta"],
-                          value_loss_coef=alg["value_loss_coef"], entropy_coef=0.0, normalize_advantages=True,
-                          target_kl=None, max_grad_norm=actor["max_grad_norm"])
+    """The recipe's update settings, for one epoch over ``n`` samples in one micro-batch, the
+    policy trained from the first step (no critic warm-up)."""
+    cfg = TrainConfig(algorithm=AlgorithmConfig(**recipe["algorithm"]), rollout=RolloutConfig(**recipe["rollout"]),
+                      actor=ActorConfig(**recipe["actor"]))
+    return dataclasses.replace(UpdateSettings.from_config(cfg, world_size=1), epochs=1, minibatch_size=n,
+                               micro_batch_size=n, critic_warmup_left=0)
 
 
 def supervised_step(policy, optimizer, obs, horizon: int, action_dim: int) -> dict:

@@ -18,6 +18,7 @@ from embodied_async.algorithms.advantages import normalize_advantages
 from embodied_async.algorithms.ppo_loss import decoupled_ppo_actor_loss, masked_mean, value_loss
 from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
 from embodied_async.algorithms.schedules import lr_factor
+from embodied_async.config.batches import update_batches
 from embodied_async.data import map_tree
 
 
@@ -71,6 +72,25 @@ class UpdateSettings:
     policy_lr: float = 0.0
     policy_lr_warmup_steps: int = 0
     policy_steps_before: int = 0
+
+    @classmethod
+    def from_config(cls, cfg, world_size: int, version: int = 0, optimizer_steps: int = 0) -> "UpdateSettings":
+        """The settings of an update from ``cfg`` (a TrainConfig), the one place a config key
+        becomes an update setting. ``version``: the actor's version before the update;
+        ``optimizer_steps``: those taken by earlier updates (critic warm-up and the policy's
+        learning-rate warm-up count them)."""
+        alg, actor = cfg.algorithm, cfg.actor
+        batches = update_batches(cfg, world_size)
+        return cls(
+            epochs=alg.update_epochs, minibatch_size=batches.per_rank, micro_batch_size=batches.micro,
+            world_size=world_size, version=version, recompute_logprobs=cfg.rollout.recompute_logprobs,
+            critic_warmup_left=max(0, actor.critic_warmup_steps - optimizer_steps),
+            clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
+            behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
+            huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
+            normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
+            max_grad_norm=actor.max_grad_norm, policy_lr=actor.lr, policy_lr_warmup_steps=actor.policy_lr_warmup_steps,
+            policy_steps_before=max(0, optimizer_steps - actor.critic_warmup_steps))
 
 
 def _to(device, batch: PPOBatch) -> PPOBatch:

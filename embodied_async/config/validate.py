@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
+from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
 from embodied_async.config.schema import TrainConfig
 from embodied_async.config.topology import Topology, resolve_topology
@@ -206,22 +207,19 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
 def _check_batches(cfg: TrainConfig, world: int) -> None:
     """Trajectories and minibatches divide evenly over the actor ranks."""
     store = cfg.algorithm.rollout_store_size_per_rank
-    batch = store * cfg.env.num_envs * cfg.rollout.num_steps
-    actor = cfg.actor
+    actor, batches = cfg.actor, update_batches(cfg, world)
     # a supervised run's batches come from its dataset, not from rollouts
-    require(cfg.runner.mode == "sft" or batch % actor.global_batch_size == 0,
+    require(cfg.runner.mode == "sft" or batches.decisions % batches.minibatch == 0,
             f"one update's batch (algorithm.rollout_store_size_per_rank x env.num_envs x rollout.num_steps = "
-            f"{store} x {cfg.env.num_envs} x {cfg.rollout.num_steps} = {batch} decisions) must be a multiple "
-            f"of actor.global_batch_size={actor.global_batch_size}; pick a divisor of {batch} for "
-            "actor.global_batch_size or change the factors")
-    require(actor.global_batch_size % world == 0,
+            f"{store} x {cfg.env.num_envs} x {cfg.rollout.num_steps} = {batches.decisions} decisions) must be a "
+            f"multiple of actor.global_batch_size={actor.global_batch_size}; pick a divisor of {batches.decisions} "
+            "for actor.global_batch_size or change the factors")
+    require(batches.minibatch % world == 0,
             f"actor.global_batch_size={actor.global_batch_size} must split evenly over the {world} actor "
             f"ranks; use a multiple of {world}")
-    per_rank = actor.global_batch_size // world
-    micro = min(actor.micro_batch_size, per_rank)
-    require(per_rank % micro == 0,
-            f"each actor rank's share of actor.global_batch_size ({per_rank}) must be a multiple of "
-            f"actor.micro_batch_size={actor.micro_batch_size}; use a divisor of {per_rank}")
+    require(batches.per_rank % batches.micro == 0,
+            f"each actor rank's share of actor.global_batch_size ({batches.per_rank}) must be a multiple of "
+            f"actor.micro_batch_size={actor.micro_batch_size}; use a divisor of {batches.per_rank}")
     require(cfg.runner.eval_episodes % cfg.runner.eval_num_envs == 0,
             f"runner.eval_episodes={cfg.runner.eval_episodes} must be a multiple of "
             f"runner.eval_num_envs={cfg.runner.eval_num_envs}; round it to a multiple")

@@ -69,19 +69,7 @@ class ActorWorker(TrainerCore):
         return batch, explained_variance(batch.old_values, batch.returns, batch.loss_mask)
 
     def _settings(self) -> UpdateSettings:
-        alg, actor = self.cfg.algorithm, self.cfg.actor
-        per_rank = actor.global_batch_size // self.world_size
-        return UpdateSettings(
-            epochs=alg.update_epochs, minibatch_size=per_rank,
-            micro_batch_size=min(actor.micro_batch_size, per_rank), world_size=self.world_size, version=self.version,
-            recompute_logprobs=self.cfg.rollout.recompute_logprobs,
-            critic_warmup_left=max(0, actor.critic_warmup_steps - self.optimizer_steps),
-            clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
-            behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
-            huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
-            normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
-            max_grad_norm=actor.max_grad_norm, policy_lr=actor.lr, policy_lr_warmup_steps=actor.policy_lr_warmup_steps,
-            policy_steps_before=max(0, self.optimizer_steps - actor.critic_warmup_steps))
+        return UpdateSettings.from_config(self.cfg, self.world_size, self.version, self.optimizer_steps)
 
     def train_step(self) -> Dict[str, float]:
         """Collect one rollout batch, update, publish. Returns metrics averaged over ranks."""
