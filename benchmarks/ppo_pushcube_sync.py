@@ -1,6 +1,8 @@
 """Compact synchronous PPO on ManiSkill PushCube-v1 (state, CPU simulation) in one file: the
 baseline our default recipe is measured against (issue 11). No Ray, no framework: the learner
-runs in this process, the sub-envs in ``--num-procs`` worker processes joined by pipes.
+runs in this process, the sub-envs in ``--num-procs`` worker processes joined by pipes. The one
+thing taken from the framework is the evaluation protocol's episode seeds
+(``embodied_async.evaluation.evaluation_seed``), so both face the same episodes.
 
 Settings (DEVELOPERS.md): 16 envs in 2 processes, 50-step rollouts, 8 epochs x 8 minibatches,
 running observation normalisation, gamma 0.8, lambda 0.9, target KL 0.1, 3x256 Tanh networks,
@@ -26,17 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from embodied_async.evaluation import evaluation_seed
+
 # enhanced_determinism: every auto-reset episode follows from the sub-env's seed (as in our env)
 TASK = dict(id="PushCube-v1", obs_mode="state", control_mode="pd_joint_delta_pos", reward_mode="normalized_dense",
             sim_backend="cpu", max_episode_steps=50, enhanced_determinism=True)
-EVAL_SEED_OFFSET, EVAL_SEED_STRIDE = 10_000_019, 100_003  # as embodied_async.evaluation.evaluation_seed
-
-
-def evaluation_seed(run_seed: int, update: int) -> int:
-    """The episodes the evaluation after ``update`` updates faces: the graph's evaluation of the
-    same version with the same ``runner.seed`` faces the same ones (sub-env ``i``: ``+ i``)."""
-    return EVAL_SEED_OFFSET + run_seed + EVAL_SEED_STRIDE * update
-
 
 # ---- env processes ---------------------------------------------------------------------------
 def env_process(pipe, num_envs: int, first_index: int) -> None:

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from embodied_async.normalization import RunningNorm  # noqa: F401  (re-exported for the policies)
+from models.activations import ACTIVATIONS as ACTIVATION_MODULES
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+ACTIVATIONS = {name: getattr(nn, module) for name, module in ACTIVATION_MODULES.items()}
 
 
 def as_tensor(value, dtype=torch.float32, device=None) -> torch.Tensor:

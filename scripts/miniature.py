@@ -244,8 +244,7 @@ class Pipeline:
     def _call(self, phase: str, command: List[str]) -> None:
         """Run ``command``, its output shown and kept in ``<out>/<phase>.log``."""
         log_file = os.path.join(self.out, f"{phase}.log")
-        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
-                   PYOPENGL_PLATFORM=os.environ.get("PYOPENGL_PLATFORM", "egl"), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log_file, "w") as log:
             log.write(" ".join(command) + "\n")
             log.flush()

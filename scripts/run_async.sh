@@ -36,9 +36,6 @@ fi
 
 bash scripts/setup.sh
 
-# Headless rendering: MuJoCo and PyOpenGL go through EGL (Mesa on a CPU-only machine).
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-
 log_path=""
 for override in "${overrides[@]}"; do
     if [[ "$override" == runner.logger.log_path=* ]]; then

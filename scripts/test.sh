@@ -7,9 +7,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 
-# Headless rendering: MuJoCo and PyOpenGL go through EGL (Mesa on a CPU-only machine).
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-
 # The lint first (pyflakes, pycodestyle, import order; its settings in pyproject.toml): a second.
 if ! .venv/bin/ruff check --quiet .; then
     echo "[test] error: ruff check found the problems above; '.venv/bin/ruff check --fix .' mends import" \

@@ -22,9 +22,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarnin
 
 
 def run(*args, timeout=300):
-    env = dict(os.environ, MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl")
     return subprocess.run([sys.executable, SCRIPT, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout)
 
 
 def collection(root):
@@ -94,9 +93,8 @@ def interrupt_when_kept(proc, timeout: float = 120) -> str:
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_episodes_so_far_and_an_append_continues_the_seeds(tmp_path):
     out = tmp_path / "state"
-    env = dict(os.environ, MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl")
     proc = subprocess.Popen([sys.executable, SCRIPT, "maniskill_pushcube", "--source", "scripted", "--episodes",
-                             "1000", "--out", str(out), "--num-workers", "1"], cwd=REPO_ROOT, env=env,
+                             "1000", "--out", str(out), "--num-workers", "1"], cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout = interrupt_when_kept(proc)

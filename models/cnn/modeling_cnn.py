@@ -9,7 +9,6 @@ from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from models.cnn.configuration_cnn import CNNConfig
 from models.common import (
-    ACTIVATIONS,
     GaussianHead,
     RunningNorm,
     as_tensor,
@@ -55,8 +54,6 @@ class CNNPolicy(nn.Module):
         self.encoder = ImageEncoder(tuple(shapes["main_images"]), list(cfg.cnn_channels), cfg.cnn_feature_dim)
         self.normalizer = RunningNorm(state_dim) if (cfg.normalize_obs and state_dim) else None
         feature_dim = cfg.cnn_feature_dim + state_dim
-        if cfg.activation not in ACTIVATIONS:
-            raise ValueError(f"model.activation={cfg.activation!r}; use one of {sorted(ACTIVATIONS)}")
         hidden = list(cfg.hidden_sizes)
         self.actor = make_mlp(feature_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)
         self.critic = make_mlp(feature_dim, hidden, 1, cfg.activation, out_std=1.0)

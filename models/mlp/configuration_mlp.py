@@ -7,8 +7,7 @@ from typing import ClassVar, List, Optional
 
 from embodied_async.config.checks import bound, choice
 from embodied_async.config.schema import ModelConfig
-
-ACTIVATIONS = ("tanh", "relu", "gelu")
+from models.activations import ACTIVATIONS
 
 
 @dataclass
@@ -17,7 +16,7 @@ class MLPConfig(ModelConfig):
 
     name: str = "mlp"
     hidden_sizes: List[int] = field(default_factory=lambda: [256, 256, 256])
-    activation: str = "tanh"  # "tanh" | "relu" | "gelu"
+    activation: str = "tanh"  # a name of models.activations.ACTIVATIONS
     init_log_std: float = -0.5
     # running mean/std normalisation of the states, learned by the actor from what it trains on
     normalize_obs: bool = True
@@ -26,6 +25,6 @@ class MLPConfig(ModelConfig):
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_mlp"
 
     def check(self) -> None:
-        choice(self.activation, "model.activation", ACTIVATIONS)
+        choice(self.activation, "model.activation", tuple(ACTIVATIONS))
         bound(list(self.hidden_sizes), "model.hidden_sizes", lambda v: all(w >= 1 for w in v),
               "must list positive layer widths", "use e.g. [256, 256, 256] (or [] for a linear policy)")
