@@ -76,6 +76,44 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class SubStep:
+    """What one simulator step of one sub-env reports to ``SerialEnv``. ``terminated``: the task
+    ended the episode (a success where the family ends on success, a failure); ``truncated``: the
+    time limit; ``fail``: a failure (always terminal, never bootstrapped)."""
+
+    reward: float
+    success: bool
+    terminated: bool
+    truncated: bool
+    fail: bool = False
+
+
+@runtime_checkable
+class SubEnv(Protocol):
+    """One simulator of an env family that steps its sub-envs one after another in its process
+    (``serial_env.SerialEnv`` runs the chunks, the auto-resets and the final observations over
+    them, the same for every such family).
+
+    - ``instruction``: its task's instruction (sub-envs of one env may differ).
+    - ``reset(seed)``: start a new episode (``seed``: reseed first; None continues its RNG).
+    - ``step(action [A]) -> SubStep``: one simulator step; it applies its own time limit.
+    - ``observe() -> Observation``: the current observation as a batch of one (arrays ``[1, ...]``,
+      no ``task_descriptions``).
+    - ``close()``.
+    """
+
+    instruction: str
+
+    def reset(self, seed: Optional[int] = None) -> None: ...
+
+    def step(self, action: np.ndarray) -> SubStep: ...
+
+    def observe(self) -> Observation: ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Policy(Protocol):
     """An actor-critic the rollout samples from and the actor trains (policy families, ``models/``).
@@ -140,4 +178,4 @@ def missing_members(obj: object, protocol: type) -> list:
     return sorted({n for n in names if not hasattr(obj, n)})
 
 
-__all__ = ["Env", "EnvSpec", "Policy", "SupervisedPolicy", "missing_members"]
+__all__ = ["Env", "EnvSpec", "Policy", "SubEnv", "SubStep", "SupervisedPolicy", "missing_members"]

@@ -99,7 +99,10 @@ class EnvOutput:
     repeat ``obs``). ``bootstrap`` marks finished sub-envs whose value must be bootstrapped from
     ``final_obs`` (time limits always; terminations when the env says they are not terminal).
     ``valid`` is False where the env produced a non-finite reward or observation: that sample is
-    dropped from the loss and the sub-env was reset.
+    dropped from the loss and the sub-env was reset. ``env_steps``: the simulator steps each
+    sub-env executed for this chunk (fewer than the chunk where its episode ended part-way: the
+    rest was planned for the finished episode); None from a family that does not say, read as
+    the whole chunk (``executed_steps``).
     """
 
     obs: Observation
@@ -109,6 +112,13 @@ class EnvOutput:
     successes: np.ndarray  # bool [B]
     valid: np.ndarray  # bool [B]
     final_obs: Optional[Observation] = None
+    env_steps: Optional[np.ndarray] = None  # int64 [B]
+
+    def executed_steps(self, num_action_chunks: int) -> np.ndarray:
+        """Simulator steps each sub-env executed for this output (int64 ``[B]``)."""
+        if self.env_steps is None:
+            return np.full(self.num_envs, int(num_action_chunks), dtype=np.int64)
+        return np.asarray(self.env_steps, dtype=np.int64)
 
     @property
     def num_envs(self) -> int:
@@ -118,7 +128,8 @@ class EnvOutput:
     def after_reset(cls, obs: Observation, num_envs: int) -> "EnvOutput":
         """The output of a reset: ``obs``, zero rewards, no episode ended, every sample valid."""
         flags = [np.zeros(num_envs, dtype=bool) for _ in range(3)]
-        return cls(obs, np.zeros(num_envs, np.float32), *flags, np.ones(num_envs, dtype=bool))
+        return cls(obs, np.zeros(num_envs, np.float32), *flags, np.ones(num_envs, dtype=bool),
+                   env_steps=np.zeros(num_envs, dtype=np.int64))
 
     @classmethod
     def concat(cls, parts: List["EnvOutput"]) -> "EnvOutput":
@@ -133,6 +144,9 @@ class EnvOutput:
                                                           for p in parts])
             elif f.name == "obs":
                 values[f.name] = concat_observations([p.obs for p in parts])
+            elif f.name == "env_steps":
+                if all(p.env_steps is not None for p in parts):  # else: unknown, the whole chunk
+                    values[f.name] = np.concatenate([p.env_steps for p in parts])
             else:
                 values[f.name] = np.concatenate([getattr(p, f.name) for p in parts])
         return cls(**values)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -48,7 +47,7 @@ class EpisodeVideo:
 class EvalResult:
     successes: List[bool] = field(default_factory=list)
     returns: List[float] = field(default_factory=list)
-    lengths: List[int] = field(default_factory=list)  # decisions per episode
+    lengths: List[int] = field(default_factory=list)  # env steps per episode, as executed
     videos: List[EpisodeVideo] = field(default_factory=list)
     stopped_below: bool = False  # ended early: the target of ``run_episodes(stop_below=)`` was out of reach
 
@@ -107,7 +106,7 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
         out = env.step(actions)
         step_rewards = np.where(np.isfinite(out.rewards), out.rewards, 0.0)
         returns += step_rewards
-        lengths += 1
+        lengths += out.executed_steps(env.spec.num_action_chunks)
         for i in range(recorded):
             if recording[i]:
                 last = out.final_obs if out.dones[i] else out.obs
@@ -159,7 +158,3 @@ def write_videos(videos: List[EpisodeVideo], folder: str, fps: int = 10) -> List
 def _even_sides(frames: np.ndarray) -> np.ndarray:
     height, width = frames.shape[1:3]
     return np.pad(frames, ((0, 0), (0, height % 2), (0, width % 2), (0, 0)), mode="edge")
-
-
-def tensorboard_tag(instruction: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", instruction.strip())[:60] or "episode"

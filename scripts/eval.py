@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     success = "n/a (the task reports none)" if report["success_rate"] is None else \
         f"{report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f})"
     print(f"[eval] success {success} over {report['episodes']} episodes of {report['task']}, mean length "
-          f"{report['episode_length']:.1f} decisions, mean return {report['episode_return']:.3f}{videos}", flush=True)
+          f"{report['episode_length']:.1f} env steps, mean return {report['episode_return']:.3f}{videos}", flush=True)
     return 0
 
 

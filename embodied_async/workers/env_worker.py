@@ -39,16 +39,17 @@ def _invalid_rows(out: EnvOutput, max_abs: float) -> np.ndarray:
 
 
 class EpisodeStats:
-    """Per-sub-env running return/length; finished episodes are kept until popped."""
+    """Per-sub-env running return and length (in env steps, as executed); finished episodes are
+    kept until popped."""
 
     def __init__(self, num_envs: int):
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.finished: List[tuple] = []
 
-    def record(self, out: EnvOutput, num_chunks: int) -> None:
+    def record(self, out: EnvOutput, executed: np.ndarray) -> None:
         self.returns += np.where(out.valid, out.rewards, 0.0)
-        self.lengths += num_chunks
+        self.lengths += executed
         for i in np.flatnonzero(out.dones & out.valid):
             self.finished.append((self.returns[i], self.lengths[i], bool(out.successes[i])))
         self.returns[out.dones] = 0.0
@@ -134,9 +135,10 @@ class EnvWorker:
                         return
                     with self.timer.section("env"):
                         out = self._sanitize(stage, env.step(message.actions))
+                    executed = out.executed_steps(self.cfg.env.num_action_chunks)
                     with self._lock:
-                        self.stats[stage].record(out, self.cfg.env.num_action_chunks)
-                        self._env_steps += env.num_envs * self.cfg.env.num_action_chunks
+                        self.stats[stage].record(out, executed)
+                        self._env_steps += int(executed.sum())
                     with self.timer.section("wait"):
                         self._put(stage, out)
         except (ChannelClosed, Stopped):

@@ -23,7 +23,7 @@ class ManiSkillConfig(EnvConfig):
 
     name: str = "maniskill"
     task_id: str = MISSING  # e.g. PushCube-v1
-    obs_mode: str = "state"  # "state" | "rgb"
+    obs_mode: str = "state"  # one of OBS_MODES: "state", "rgb" or "rgb+segmentation"
     control_mode: Optional[str] = "pd_joint_delta_pos"  # null: the task's own default
     sim_backend: str = "cpu"  # "cpu": one scene per sub-env, stepped in turn; "gpu": batched
     max_episode_steps: int = 50  # 0: the task's own limit

@@ -5,8 +5,8 @@
 ``wrist_images``, ``task_descriptions``). Two backends:
 
 - ``"cpu"``: ManiSkill's PhysX CPU sim holds one scene per gym env, so this process owns ``B``
-  separate envs and steps them in turn (parallelism comes from several env worker processes).
-  Termination, truncation and auto-reset are handled here.
+  separate envs, one ``ManiSkillSubEnv`` each, stepped in turn by a ``SerialEnv`` (chunks,
+  auto-reset, final observations; parallelism comes from several env worker processes).
 - ``"gpu"``: one batched GPU env wrapped in ``ManiSkillVectorEnv``, which auto-resets finished
   sub-envs in place and hands back their final observations.
 """
@@ -23,16 +23,16 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from embodied_async.contracts import EnvSpec
+from embodied_async.contracts import EnvSpec, SubStep
 from embodied_async.data import (
     EnvOutput,
     Observation,
     action_chunks,
     bootstrap_flags,
-    concat_observations,
     final_observations,
 )
 from embodied_async.evaluation import VIDEO_KEY
+from embodied_async.serial_env import SerialEnv
 
 from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
 from .rewards import REWARDS
@@ -305,6 +305,36 @@ def _flag(info: dict, key: str, batch: int) -> np.ndarray:
     return _to_numpy(value).reshape(batch).astype(bool)
 
 
+class ManiSkillSubEnv:
+    """One gym env of the CPU backend as a ``contracts.SubEnv``: its step's reward (the task's,
+    or ``env.reward`` from its info), success, failure and time limit, and its observation."""
+
+    def __init__(self, owner: "ManiSkillEnv", index: int):
+        self.owner, self.index, self.env = owner, index, owner._envs[index]
+        self.instruction = owner.instruction
+        self._raw = None  # the last observation ManiSkill returned
+
+    def reset(self, seed: Optional[int] = None) -> None:
+        if self.owner._reward is not None:
+            self.owner._reward.reset([self.index])
+        self._raw, _ = self.env.reset(seed=seed)
+
+    def step(self, action: np.ndarray) -> SubStep:
+        raw, reward, terminated, truncated, info = self.env.step(action)
+        self._raw = raw
+        if self.owner._reward is not None:
+            reward = self.owner._named_reward(info, [self.index])[0]
+        return SubStep(reward=float(_to_numpy(reward).reshape(-1)[0]), success=bool(_flag(info, "success", 1)[0]),
+                       terminated=bool(_to_numpy(terminated).any()), truncated=bool(_to_numpy(truncated).any()),
+                       fail=bool(_flag(info, "fail", 1)[0]))
+
+    def observe(self) -> Observation:
+        return self.owner._row(self.index, self._raw)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class ManiSkillEnv:
     """``num_envs`` ManiSkill sub-environments of one task, stepped with action chunks.
 
@@ -396,7 +426,10 @@ class ManiSkillEnv:
         self._low = np.asarray(space.low, dtype=np.float32).reshape(-1)
         self._high = np.asarray(space.high, dtype=np.float32).reshape(-1)
         self.instruction = self._instruction(base)
-        self._rows: List[Observation] = []  # CPU: current obs of each sub-env (batch of 1)
+        self._serial: Optional[SerialEnv] = None  # CPU: the sub-envs stepped in turn
+        if self._vec is None:
+            self._serial = SerialEnv([ManiSkillSubEnv(self, i) for i in range(self.num_envs)], self._low, self._high,
+                                     self.terminal_on_success)
         self._obs: Observation = {}  # GPU: current obs of all sub-envs
         self._main_cam: Optional[str] = None
         self._wrist_cam: Optional[str] = None
@@ -410,45 +443,39 @@ class ManiSkillEnv:
 
     def reset(self, seed: Optional[int] = None) -> EnvOutput:
         """Reset every sub-env (sub-env ``i`` gets ``seed + i``; None continues their RNGs)."""
-        if self._vec is not None:
-            seeds = None if seed is None else [int(seed) + i for i in range(self.num_envs)]
-            raw, _ = self._vec.reset(seed=seeds)
-            self._obs = self._normalise(raw, self.num_envs)
-        else:
-            self._rows = []
-            for i, env in enumerate(self._envs):
-                raw, _ = env.reset(seed=None if seed is None else int(seed) + i)
-                self._rows.append(self._row(i, raw))
+        if self._serial is not None:
+            return self._serial.reset(seed)
+        seeds = None if seed is None else [int(seed) + i for i in range(self.num_envs)]
+        raw, _ = self._vec.reset(seed=seeds)
+        self._obs = self._normalise(raw, self.num_envs)
         if self._reward is not None:
             self._reward.reset(range(self.num_envs))
         return EnvOutput.after_reset(self._current_obs(), self.num_envs)
 
     def step(self, actions: np.ndarray) -> EnvOutput:
         """Execute one action chunk ``[B, C, A]`` (``[B, A]`` is read as ``C = 1``)."""
+        if self._serial is not None:
+            return self._serial.step(actions)
         actions = action_chunks(actions, self._low, self._high, self.num_envs)
-        step = self._step_gpu if self._vec is not None else self._step_cpu
-        rewards, dones, bootstrap, successes, finals = step(actions)
+        rewards, dones, bootstrap, successes, finals, executed = self._step_gpu(actions)
         obs = self._current_obs()
         final_obs = final_observations(obs, finals)
         valid = np.ones(self.num_envs, dtype=bool)  # non-finite values are the env worker's job
-        return EnvOutput(obs, rewards, dones, bootstrap, successes, valid, final_obs=final_obs)
+        return EnvOutput(obs, rewards, dones, bootstrap, successes, valid, final_obs=final_obs, env_steps=executed)
 
     def reset_envs(self, indices: Sequence[int]) -> Observation:
         """Reset only the sub-envs ``indices``; return the full current observation."""
+        if self._serial is not None:
+            return self._serial.reset_envs(indices)
         indices = [int(i) for i in np.atleast_1d(np.asarray(indices, dtype=np.int64))]
-        if indices and self._reward is not None:
-            self._reward.reset(indices)
         if indices:
-            if self._vec is not None:
-                import torch
+            import torch
 
-                env_idx = torch.as_tensor(indices, device=self._vec.device)
-                raw, _ = self._vec.reset(options=dict(env_idx=env_idx))
-                self._obs = self._normalise(raw, self.num_envs)
-            else:
-                for i in indices:
-                    raw, _ = self._envs[i].reset()
-                    self._rows[i] = self._row(i, raw)
+            if self._reward is not None:
+                self._reward.reset(indices)
+            env_idx = torch.as_tensor(indices, device=self._vec.device)
+            raw, _ = self._vec.reset(options=dict(env_idx=env_idx))
+            self._obs = self._normalise(raw, self.num_envs)
         return self._current_obs()
 
     @property
@@ -459,8 +486,8 @@ class ManiSkillEnv:
 
     def close(self) -> None:
         """Release the simulators (idempotent)."""
-        for env in self._envs:
-            env.close()
+        if self._serial is not None:
+            self._serial.close()  # closes the gym envs
         self._envs = []
         if self._vec is not None:
             self._vec.close()
@@ -471,34 +498,12 @@ class ManiSkillEnv:
         flags = [np.zeros(self.num_envs, dtype=bool) for _ in range(3)]
         return (np.zeros(self.num_envs, dtype=np.float32), *flags, {})
 
-    def _step_cpu(self, actions: np.ndarray):
-        chunks = actions.shape[1]
-        rewards, dones, bootstrap, successes, finals = self._blank()
-        for i, env in enumerate(self._envs):
-            for c in range(chunks):
-                raw, reward, terminated, truncated, info = env.step(actions[i, c])
-                rewards[i] += self._named_reward(info, [i])[0] if self._reward is not None \
-                    else float(_to_numpy(reward).reshape(-1)[0])
-                successes[i] = _flag(info, "success", 1)[0]
-                term, trunc = bool(_to_numpy(terminated).any()), bool(_to_numpy(truncated).any())
-                if term or trunc:
-                    dones[i] = True
-                    if self._reward is not None:
-                        self._reward.reset([i])
-                    failed = _flag(info, "fail", 1)[0]
-                    bootstrap[i] = bootstrap_flags(term, trunc, self.terminal_on_success, failed)
-                    finals[i] = self._row(i, raw)  # rendered before the reset: the episode's last frame
-                    raw, _ = env.reset()
-                    # The rest of the chunk was planned for the finished episode: drop it.
-                    break
-            self._rows[i] = self._row(i, raw)
-        return rewards, dones, bootstrap, successes, finals
-
     def _step_gpu(self, actions: np.ndarray):
         import torch
 
         batch, chunks = actions.shape[:2]
         rewards, dones, bootstrap, successes, finals = self._blank()
+        executed = np.zeros(batch, dtype=np.int64)  # steps of the episodes being recorded
         for c in range(chunks):
             act = torch.as_tensor(actions[:, c], device=self._vec.device)
             raw, reward, terminated, truncated, info = self._vec.step(act)
@@ -507,6 +512,7 @@ class ManiSkillEnv:
             # Sub-envs that finished earlier in the chunk already run their next episode (the
             # batched sim cannot skip them): their rewards belong to no recorded transition.
             live = ~dones
+            executed[live] += 1
             step_info = info.get("final_info", info)  # after auto-reset, info is the reset's
             if self._reward is not None:
                 reward = self._named_reward(step_info, range(batch))
@@ -522,7 +528,7 @@ class ManiSkillEnv:
                 bootstrap[new] = bootstrap_flags(term, trunc, self.terminal_on_success, failed)[new]
                 dones |= new
             self._obs = self._normalise(raw, batch)
-        return rewards, dones, bootstrap, successes, finals
+        return rewards, dones, bootstrap, successes, finals, executed
 
     def _check_reward_info(self, base) -> None:
         """The named reward reads the task's info: fail at start-up, not at the first step."""
@@ -552,7 +558,8 @@ class ManiSkillEnv:
         return task_instruction(self.task_id)
 
     def _current_obs(self) -> Observation:
-        obs = dict(self._obs) if self._vec is not None else concat_observations(self._rows)
+        """The GPU backend's observation (the CPU backend's is its serial env's)."""
+        obs = dict(self._obs)
         obs["task_descriptions"] = [self.instruction] * self.num_envs
         return obs
 

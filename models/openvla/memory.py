@@ -14,7 +14,7 @@ configured LoRA targets and value head. Activation sizes are rules of thumb, sta
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -114,6 +114,3 @@ def parameter_counts(model_cfg) -> Dict[str, int]:
     return _counts(_meta_policy(model_cfg, config))
 
 
-def checkpoint_bytes(model_cfg) -> Optional[int]:
-    """Size of a default checkpoint: trainable parameters (fp32) and Adam's two moments."""
-    return parameter_counts(model_cfg)["trainable"] * 4 * 3

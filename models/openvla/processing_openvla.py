@@ -222,11 +222,6 @@ class OpenVLAImageProcessor:
         """Builds from ``folder/preprocessor_config.json``."""
         return cls.from_json_file(os.path.join(folder, "preprocessor_config.json"), **overrides)
 
-    @property
-    def num_channels(self) -> int:
-        """Output channels: 3 per backbone (6 for the fused DINOv2 + SigLIP backbone)."""
-        return 3 * len(self.resize_params)
-
     def _transform(self, image: Image.Image) -> torch.Tensor:
         if self.do_letterbox:
             image = _letterbox(image, self.letterbox_fill)

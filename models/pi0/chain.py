@@ -16,12 +16,10 @@ import torch
 
 from .flow_sampling import bounded_std, euler_mean, gaussian_log_prob, sde_transition
 
-METHODS = ("flow_ode", "flow_sde", "flow_noise")
-
 
 @dataclass(frozen=True)
 class ChainSettings:
-    method: str  # one of METHODS
+    method: str  # one of configuration_policy.NOISE_METHODS
     steps: int  # denoising steps
     executed_actions: int  # actions of the chunk the env executes
     action_dim: int  # real action dimensions (the rest is padding)

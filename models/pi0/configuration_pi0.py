@@ -69,10 +69,6 @@ class Pi0Architecture:
     layer_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
 
-    @property
-    def image_tokens(self) -> int:
-        return self.vision.num_patches * len(self.cameras)
-
 
 def read_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
     """Tensor name -> shape from a safetensors header (no tensor data is read)."""

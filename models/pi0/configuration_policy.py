@@ -13,6 +13,8 @@ from embodied_async.config.schema import ModelConfig
 from models.checkpoints import check_checkpoint_path, fetch_checkpoint
 from models.configuration_lora import LoraConfig
 
+# how an action chunk is drawn (models/pi0/chain.py): deterministic ODE, an SDE, or noise added by a head
+NOISE_METHODS = ("flow_sde", "flow_noise", "flow_ode")
 TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "*.model"]
 # Gemma's and SigLIP's linear layers (attention and MLP)
 GEMMA_SIGLIP_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "out_proj",
@@ -42,8 +44,9 @@ class Pi0PolicyConfig(ModelConfig):
     value_input: str = "expert"  # the value head reads the action expert ("expert") or the prefix
     value_head_hidden_sizes: List[int] = field(default_factory=lambda: [512, 128])
     noise_head_hidden_sizes: List[int] = field(default_factory=lambda: [128, 64])
-    # observation keys filling the checkpoint's cameras in order; keys the env lacks are left out
-    # and their cameras masked, as LeRobot does for an absent camera
+    # observation keys filling the checkpoint's cameras in order; keys the env lacks are left out,
+    # and so are their cameras: no tokens (LeRobot feeds a blank, fully masked image, which gives
+    # the same outputs at the cost of running it)
     camera_keys: List[str] = field(default_factory=lambda: ["main_images", "wrist_images"])
     lora: Pi0LoraConfig = field(default_factory=Pi0LoraConfig)
     gradient_checkpointing: bool = False
@@ -70,7 +73,7 @@ class Pi0PolicyConfig(ModelConfig):
             fetch_checkpoint(self.tokenizer, False, "the PaliGemma tokenizer", "model.tokenizer", TOKENIZER_FILES)
 
     def check(self) -> None:
-        choice(self.noise_method, "model.noise_method", ("flow_sde", "flow_noise", "flow_ode"))
+        choice(self.noise_method, "model.noise_method", NOISE_METHODS)
         require(self.noise_method != "flow_ode",
                 "model.noise_method=flow_ode draws no stochastic step, so its chains have no log-prob to train on "
                 "(evaluation always samples with it): use flow_sde or flow_noise")

@@ -173,7 +173,7 @@ def test_an_unstable_simulation_step_ends_the_episode_as_a_failure():
         zero = np.zeros((2, 1, 4), np.float32)
         assert not env.step(zero).dones.any()
         # what MuJoCo records when it resets a diverging simulation mid-step
-        env._subs[1].mj_data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number += 1
+        env.sub_envs[1].mj_data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number += 1
         out = env.step(zero)
         assert out.dones.tolist() == [False, True] and not out.bootstrap[1] and not out.successes[1]
         assert out.rewards[1] == 0.0
@@ -181,7 +181,7 @@ def test_an_unstable_simulation_step_ends_the_episode_as_a_failure():
         # the first step of an episode can diverge too, and MuJoCo's own reset of the data sends
         # its clock back even when the count happens to end where it was
         env.reset_envs([0])
-        sub = env._subs[0]
+        sub = env.sub_envs[0]
         real_step = sub.step
 
         def diverging_step(action):  # what mj_resetData leaves: the clock back at 0
@@ -201,7 +201,7 @@ def test_reaching_the_goal_ends_the_episode_as_a_success_and_the_goal_is_drawn()
     env = build(cfg)
     try:
         env.reset(seed=3)
-        subs = env._subs
+        subs = env.sub_envs
         for sub in subs:  # the drawn marker is the goal of this episode
             target = sub.mj_data.site("target0").xpos
             assert np.allclose(target, sub._obs["desired_goal"], atol=1e-6)

@@ -42,7 +42,7 @@ def test_moving_toward_the_marker_pays_and_reaching_it_succeeds():
 
 def test_time_limit_truncates_and_bootstraps():
     env = make(num_envs=2, max_episode_steps=4)
-    env.reset(seed=0)
+    env.reset(seed=2)
     assert (np.abs(env.targets) > 0.1).all()  # this seed puts both markers out of reach of the start
     for _ in range(4):
         out = env.step(np.zeros((2, 1, 7), np.float32))  # standing still never reaches the marker

@@ -16,24 +16,27 @@ from envs.synthetic.synthetic_env import SyntheticImageEnv
 
 class TowardsTarget:
     """Moves the cursor towards the target at full speed (sign of the gap): reaches it or, for
-    ``stall`` sub-envs, stands still until the time limit."""
+    ``stall`` sub-envs, moves away from it until the time limit (standing still would succeed
+    where a marker is drawn within reach of the start)."""
 
     def __init__(self, env, stall=()):
         self.env, self.stall = env, set(stall)
 
     def predict(self, obs, mode="train"):
         assert mode == "eval" and "video_frames" not in obs  # the policy never sees the video frames
-        direction = np.sign(self.env.targets - self.env.cursors)
-        direction[list(self.stall)] = 0.0
+        gap = self.env.targets - self.env.cursors
+        direction = np.sign(gap)
+        stalled = list(self.stall)
+        direction[stalled] = np.where(gap[stalled] >= 0, -1.0, 1.0)
         actions = np.zeros((self.env.num_envs, 1, self.env.cfg.action_dim), np.float32)
         actions[:, 0, 0] = direction
         return PolicyOutput(actions=torch.from_numpy(actions), logprobs=None, values=None, forward_inputs={})
 
 
-def synthetic(num_envs, render_video=True, **kw):
+def synthetic(num_envs, render_video=True, seed=3, **kw):
     cfg = SyntheticImageConfig(image_size=[48, 64], action_dim=2, max_episode_steps=12, render_video=render_video,
                                video_size=[30, 41], **kw)  # odd sides: the writer pads to even ones
-    return SyntheticImageEnv(cfg, num_envs, seed=3)
+    return SyntheticImageEnv(cfg, num_envs, seed=seed)
 
 
 def test_wilson_interval_matches_known_values():
