@@ -24,5 +24,7 @@ def test_tiny_pi0_recipes_sft_then_two_async_updates_from_its_checkpoint(tmp_pat
     for key in ("train/actor/policy_loss", "train/critic/value_loss", "train/actor/behav_approx_kl",
                 "train/actor/grad_norm"):
         assert isinstance(last[key], float) and last[key] == last[key], key  # logged and not NaN
-    # 5 of each 10-action chunk executed per decision: env steps are 5 x decisions
-    assert records[0]["env_steps"] % 5 == 0 and last["train/actor/published_bytes"] > 0
+    # 5 of each 10-action chunk executed per decision (fewer where an episode ended part-way): the
+    # first update's 8 decisions (2 sub-envs x 4 steps), with at most twice as many run ahead under
+    # staleness 1, are more env steps than decisions and at most 5 each
+    assert 16 < records[0]["env_steps"] <= 5 * 8 * 3 and last["train/actor/published_bytes"] > 0

@@ -1,0 +1,40 @@
+"""The README's layout block names the repository's folders as they are."""
+
+import os
+import re
+
+from conftest import REPO_ROOT
+
+
+def layout_entries():
+    """``{path: the text describing it}`` from the code block under '## Layout'."""
+    with open(os.path.join(REPO_ROOT, "README.md")) as f:
+        text = f.read()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    entries, current = {}, None
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            current, _, description = line.partition(" ")
+            entries[current] = description
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_the_layout_lists_every_top_level_folder_and_only_existing_ones():
+    entries = layout_entries()
+    listed = {path.split("/")[0] for path in entries}
+    folders = {name for name in os.listdir(REPO_ROOT) if os.path.isdir(os.path.join(REPO_ROOT, name))
+               and not name.startswith(".") and name not in ("logs", "__pycache__") and not name.endswith(".egg-info")}
+    assert listed == folders
+    assert [path for path in entries if not os.path.isdir(os.path.join(REPO_ROOT, path))] == []
+
+
+def test_the_files_and_families_the_layout_names_exist():
+    entries = layout_entries()
+    files = {(path, name) for path, text in entries.items() for name in re.findall(r"\b[\w]+\.(?:py|sh)\b", text)}
+    assert files and [f for f in files if not os.path.exists(os.path.join(REPO_ROOT, *f))] == []
+    for path in ("models/", "envs/"):
+        families = entries[path].split(":", 1)[1].split("(")[0]
+        names = [name.strip() for name in families.split(",")]
+        assert [n for n in names if not os.path.isdir(os.path.join(REPO_ROOT, path, n))] == [], path
