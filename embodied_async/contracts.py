@@ -27,7 +27,8 @@ class EnvSpec:
     ``EnvOutput.successes`` means anything for this task (when not, success rates are logged as
     null rather than 0); ``reports_fail`` whether it ends episodes as failures (always terminal).
     ``control_hz``: actions executed per second of simulated time (a dataset of demonstrations
-    must have this frame rate); None where the family does not say.
+    must have this frame rate); None where the family does not say. ``tasks``: the task of each
+    sub-env where the env runs several (``env.tasks``), empty where it runs one.
     """
 
     obs_shapes: Dict[str, Tuple[int, ...]]
@@ -40,6 +41,7 @@ class EnvSpec:
     reports_success: bool = True
     reports_fail: bool = False
     control_hz: Optional[float] = None
+    tasks: Tuple[str, ...] = ()
 
     @classmethod
     def from_observation(cls, obs: Observation, action_dim: int, num_action_chunks: int = 1,

@@ -48,6 +48,7 @@ class EvalResult:
     successes: List[bool] = field(default_factory=list)
     returns: List[float] = field(default_factory=list)
     lengths: List[int] = field(default_factory=list)  # env steps per episode, as executed
+    tasks: List[str] = field(default_factory=list)  # each episode's task (env.tasks; empty with one task)
     videos: List[EpisodeVideo] = field(default_factory=list)
     stopped_below: bool = False  # ended early: the target of ``run_episodes(stop_below=)`` was out of reach
 
@@ -56,9 +57,13 @@ class EvalResult:
         n = len(self.successes)
         rate = float(np.mean(self.successes)) if n and reports_success else float("nan")
         low, high = wilson_interval(int(sum(self.successes)), n) if reports_success else (float("nan"),) * 2
+        per_task = {}
+        for task in dict.fromkeys(self.tasks):  # each task's success rate, in the order of the sub-envs
+            scored = [s for s, t in zip(self.successes, self.tasks) if t == task]
+            per_task[task] = float(np.mean(scored)) if reports_success else float("nan")
         return {"episodes": n, "success_rate": rate, "success_rate_ci95": [low, high],
                 "episode_return": float(np.mean(self.returns)) if n else float("nan"),
-                "episode_length": float(np.mean(self.lengths)) if n else float("nan")}
+                "episode_length": float(np.mean(self.lengths)) if n else float("nan"), "per_task": per_task}
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple:
@@ -129,6 +134,8 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
                 break
     scored = [episode for e in episodes for episode in e]  # sub-env by sub-env
     result.successes, result.returns, result.lengths = ([episode[k] for episode in scored] for k in range(3))
+    if env.spec.tasks:
+        result.tasks = [env.spec.tasks[i] for i, e in enumerate(episodes) for _ in e]
     return result
 
 

@@ -46,7 +46,20 @@ class SerialEnv:
         for i, sub in enumerate(self.subs):
             sub.reset(None if seed is None else int(seed) + i)
         self._rows = [sub.observe() for sub in self.subs]
+        self._check_rows_alike()
         return EnvOutput.after_reset(self._current_obs(), self.num_envs)
+
+    def _check_rows_alike(self) -> None:
+        """Sub-envs of several tasks must observe alike: the policy batches their rows."""
+        def layout(row: Observation) -> Dict[str, tuple]:
+            return {k: (np.shape(v)[1:], np.asarray(v).dtype.name) for k, v in row.items()}
+
+        first = layout(self._rows[0])
+        for sub, row in zip(self.subs, self._rows):
+            if layout(row) != first:
+                raise ValueError(f"the sub-env of '{sub.instruction}' observes {layout(row)}, the first sub-env "
+                                 f"('{self.subs[0].instruction}') {first}: the tasks of one env (env.tasks) must "
+                                 "give observations of the same keys, shapes and dtypes")
 
     def step(self, actions: np.ndarray) -> EnvOutput:
         """Execute one action chunk ``[B, C, A]`` (``[B, A]`` is read as ``C = 1``)."""

@@ -51,6 +51,8 @@ def main(argv=None) -> int:
         f"{report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f})"
     print(f"[eval] success {success} over {report['episodes']} episodes of {report['task']}, mean length "
           f"{report['episode_length']:.1f} env steps, mean return {report['episode_return']:.3f}{videos}", flush=True)
+    for task, rate in report["per_task"].items():  # env.tasks: each task's share of the episodes
+        print(f"[eval]   {task}: success {rate}", flush=True)
     return 0
 
 

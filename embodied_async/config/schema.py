@@ -9,8 +9,9 @@ wrong type fails at start-up, naming the key.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 try:
     from omegaconf import MISSING
@@ -72,8 +73,15 @@ class EnvConfig:
     # state observation mode (object poses included), for a state policy acting as the teacher
     # while the env renders what a VLA sees (scripts/collect_demos.py turns it on)
     privileged_states: bool = False
+    # several tasks of the family in one run (Meta-World MT10 style): sub-env i of every policy
+    # batch runs tasks[i % len(tasks)] in place of the family's own task key (task_key), so each
+    # batch and the evaluation hold every task alike; the evaluation reports each task's success
+    # (eval/success_rate/<task>) beside the overall rate. Empty: the one task of the task key.
+    tasks: List[str] = field(default_factory=list)
 
     builder: ClassVar[str] = ""  # "module:callable"
+    # the family's key naming its task (e.g. "task_id"); None: the family cannot run env.tasks
+    task_key: ClassVar[Optional[str]] = None
     # families that can give privileged_states say so
     supports_privileged_states: ClassVar[bool] = False
     # "module:callable" building the family's scripted expert, ``expert(env_cfg, env)``: a callable
@@ -82,7 +90,19 @@ class EnvConfig:
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).
-        Called after the framework's checks; may import the simulator."""
+        Called after the framework's checks, once per task of ``tasks``; may import the simulator."""
+
+    def sub_env_tasks(self, num_envs: int) -> Tuple[str, ...]:
+        """The task of each of ``num_envs`` sub-envs under ``tasks`` (empty without it)."""
+        return tuple(self.tasks[i % len(self.tasks)] for i in range(num_envs)) if self.tasks else ()
+
+    def task_configs(self, num_envs: int) -> List["EnvConfig"]:
+        """One config per sub-env, naming its task in the family's task key (this config itself
+        ``num_envs`` times without ``tasks``)."""
+        if not self.tasks:
+            return [self] * num_envs
+        single = {task: dataclasses.replace(self, tasks=[], **{self.task_key: task}) for task in self.tasks}
+        return [single[task] for task in self.sub_env_tasks(num_envs)]
 
     def check_video(self) -> None:
         """Start-up check for ``runner.eval_video``: raise ``ConfigError`` when this config cannot

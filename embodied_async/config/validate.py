@@ -121,14 +121,37 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     if cfg.model.init_from is not None:
         _check_resume_dir(cfg.model.init_from, "model.init_from")
     _check_supervised(cfg)
+    _check_tasks(cfg, topology)
     for section in FAMILY_SECTIONS:
-        try:
-            getattr(cfg, section).check()
-        except ConfigError:
-            raise
-        except ValueError as err:
-            raise ConfigError(f"{section} ({getattr(cfg, section).name}): {err}") from None
+        family_cfg = getattr(cfg, section)
+        configs = family_cfg.task_configs(len(family_cfg.tasks)) if section == "env" else [family_cfg]
+        for each in configs:
+            try:
+                each.check()
+            except ConfigError:
+                raise
+            except ValueError as err:
+                raise ConfigError(f"{section} ({family_cfg.name}): {err}") from None
     return topology
+
+
+def _check_tasks(cfg: TrainConfig, topology: Topology) -> None:
+    """``env.tasks``: a family that names its tasks, each task once, every policy batch and the
+    evaluation holding each task alike."""
+    tasks = list(cfg.env.tasks)
+    if not tasks:
+        return
+    require(type(cfg.env).task_key is not None,
+            f"env.tasks={tasks}: the '{cfg.env.name}' env family runs one task per run; remove env.tasks")
+    require(len(set(tasks)) == len(tasks), f"env.tasks={tasks} names a task twice; list each task once")
+    batch = topology.envs_per_stage
+    require(batch % len(tasks) == 0,
+            f"env.tasks: the {len(tasks)} tasks must spread evenly over each policy batch ({batch} sub-envs: "
+            f"env.num_envs over the env processes and their stages); make env.num_envs a multiple of "
+            f"{len(tasks) * topology.num_env_workers * topology.stages}")
+    require(cfg.runner.eval_num_envs % len(tasks) == 0,
+            f"runner.eval_num_envs={cfg.runner.eval_num_envs} must be a multiple of the {len(tasks)} env.tasks, "
+            "so the evaluation scores every task alike")
 
 
 def _check_counts(cfg: TrainConfig) -> None:

@@ -340,9 +340,10 @@ class RolloutWorker:
         result = run_episodes(policy, self._eval_env, num_episodes, videos,
                               seed=evaluation_seed(runner.seed, version), stop_below=stop_below)
         summary = result.summary(self.reports_success)
+        per_task = {f"eval/success_rate/{task}": rate for task, rate in summary["per_task"].items()}
         return {"eval/success_rate": summary["success_rate"], "eval/episode_return": summary["episode_return"],
                 "eval/episode_len": summary["episode_length"], "eval/version": float(version),
-                "eval/episodes": float(summary["episodes"]), "videos": result.videos}
+                "eval/episodes": float(summary["episodes"]), **per_task, "videos": result.videos}
 
     def close(self) -> None:
         self.stop()

@@ -50,6 +50,7 @@ class ManiSkillConfig(EnvConfig):
     # extra keyword arguments for the simulator's constructor (gym.make)
     extra_kwargs: Dict[str, Any] = field(default_factory=dict)
 
+    task_key: ClassVar[Optional[str]] = "task_id"  # env.tasks: several ManiSkill tasks (CPU backend)
     builder: ClassVar[str] = "envs.maniskill.maniskill_env:ManiSkillEnv"
     supports_privileged_states: ClassVar[bool] = True  # the CPU backend's sub-envs (check())
     # our closed-loop controllers of a few tasks (envs/maniskill/scripted.py: SUPPORTED lists them)

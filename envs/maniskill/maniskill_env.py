@@ -309,9 +309,9 @@ class ManiSkillSubEnv:
     """One gym env of the CPU backend as a ``contracts.SubEnv``: its step's reward (the task's,
     or ``env.reward`` from its info), success, failure and time limit, and its observation."""
 
-    def __init__(self, owner: "ManiSkillEnv", index: int):
+    def __init__(self, owner: "ManiSkillEnv", index: int, instruction: str):
         self.owner, self.index, self.env = owner, index, owner._envs[index]
-        self.instruction = owner.instruction
+        self.instruction = instruction
         self._raw = None  # the last observation ManiSkill returned
 
     def reset(self, seed: Optional[int] = None) -> None:
@@ -361,9 +361,15 @@ class ManiSkillEnv:
         extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
         if env_cfg.robot_uids is not None:
             extra["robot_uids"] = env_cfg.robot_uids
-        check_task_assets(self.task_id, extra.get("robot_uids"))
-        check_task_modes(self.task_id, self.obs_mode, env_cfg.reward_mode)
-        check_task_robot(self.task_id, env_cfg.robot_uids)
+        # the task of each sub-env: env.tasks spread over them, or the one env.task_id
+        self.sub_env_tasks = list(env_cfg.sub_env_tasks(self.num_envs)) or [self.task_id] * self.num_envs
+        if env_cfg.tasks and self.backend != "cpu":
+            raise ValueError(f"env.tasks={list(env_cfg.tasks)} needs env.sim_backend=cpu (the GPU backend batches "
+                             "one task)")
+        for task in dict.fromkeys(self.sub_env_tasks):
+            check_task_assets(task, extra.get("robot_uids"))
+            check_task_modes(task, self.obs_mode, env_cfg.reward_mode)
+            check_task_robot(task, env_cfg.robot_uids)
         self._reward = None
         if env_cfg.reward is not None:
             self._reward = REWARDS[env_cfg.reward](self.num_envs, dict(env_cfg.reward_weights))
@@ -401,26 +407,17 @@ class ManiSkillEnv:
             kwargs["sensor_configs"] = sensors
         kwargs.update(extra)
 
-        agent_cls, robot_copy = None, None
-        if float(env_cfg.robot_mesh_fraction) < 1.0:
-            from .low_poly import low_poly_urdf
-
-            agent_cls = _task_robot_class(self.task_id, env_cfg.robot_uids)
-            robot_copy = str(low_poly_urdf(agent_cls.urdf_path, float(env_cfg.robot_mesh_fraction)))
-
         self._envs: List[Any] = []  # CPU: one gym env per sub-env
         self._vec = None  # GPU: one ManiSkillVectorEnv
-        with _refuse_download_prompts(self.task_id), _control_mode_named(env_cfg), _robot_urdf(agent_cls, robot_copy):
-            if self.backend == "cpu":
-                for _ in range(self.num_envs):
-                    self._envs.append(gym.make(self.task_id, num_envs=1, **kwargs))
-                    _build_robot_from(self._envs[-1].unwrapped, agent_cls, robot_copy)
-            else:
-                from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+        self._robot_copies: Dict[Any, str] = {}  # robot class -> its low-poly URDF
+        if self.backend == "cpu":
+            for task in self.sub_env_tasks:
+                self._envs.append(self._make(gym, task, kwargs, 1))
+        else:
+            from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-                env = gym.make(self.task_id, num_envs=self.num_envs, **kwargs)
-                _build_robot_from(env.unwrapped, agent_cls, robot_copy)
-                self._vec = ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+            self._vec = ManiSkillVectorEnv(self._make(gym, self.task_id, kwargs, self.num_envs), auto_reset=True,
+                                           ignore_terminations=False)
         base = self._envs[0].unwrapped if self._envs else self._vec.base_env
         space = base.single_action_space
         self._low = np.asarray(space.low, dtype=np.float32).reshape(-1)
@@ -428,8 +425,16 @@ class ManiSkillEnv:
         self.instruction = self._instruction(base)
         self._serial: Optional[SerialEnv] = None  # CPU: the sub-envs stepped in turn
         if self._vec is None:
-            self._serial = SerialEnv([ManiSkillSubEnv(self, i) for i in range(self.num_envs)], self._low, self._high,
-                                     self.terminal_on_success)
+            instructions = {}  # per task, read from its first sub-env
+            for env, task in zip(self._envs, self.sub_env_tasks):
+                instructions.setdefault(task, self._instruction(env.unwrapped, task))
+                action_space = env.unwrapped.single_action_space
+                if not (np.array_equal(action_space.low.reshape(-1), self._low)
+                        and np.array_equal(action_space.high.reshape(-1), self._high)):
+                    raise ValueError(f"env.tasks: task '{task}' acts in other bounds than '{self.sub_env_tasks[0]}' "
+                                     "(the tasks of a run share one action space)")
+            subs = [ManiSkillSubEnv(self, i, instructions[task]) for i, task in enumerate(self.sub_env_tasks)]
+            self._serial = SerialEnv(subs, self._low, self._high, self.terminal_on_success)
         self._obs: Observation = {}  # GPU: current obs of all sub-envs
         self._main_cam: Optional[str] = None
         self._wrist_cam: Optional[str] = None
@@ -437,7 +442,7 @@ class ManiSkillEnv:
             self.reset(seed=seed).obs, action_dim=int(self._low.shape[0]),
             num_action_chunks=int(env_cfg.num_action_chunks), action_low=self._low.tolist(),
             action_high=self._high.tolist(), instruction=self.instruction, reports_success=True,
-            reports_fail=True, control_hz=float(base.control_freq))
+            reports_fail=True, control_hz=float(base.control_freq), tasks=env_cfg.sub_env_tasks(self.num_envs))
         if self._reward is not None:
             self._check_reward_info(base)
 
@@ -546,7 +551,24 @@ class ManiSkillEnv:
         arrays = {k: _to_numpy(info[k]).reshape(len(rows)) for k in self._reward.INFO_KEYS if k in info}
         return self._reward.step(arrays, rows)
 
-    def _instruction(self, base) -> str:
+    def _make(self, gym, task: str, kwargs: Dict[str, Any], num_envs: int):
+        """``gym.make`` of ``task`` with ``num_envs`` scenes, its robot the low-poly copy when
+        ``env.robot_mesh_fraction`` < 1."""
+        agent_cls, robot_copy = None, None
+        if float(self.cfg.robot_mesh_fraction) < 1.0:
+            from .low_poly import low_poly_urdf
+
+            agent_cls = _task_robot_class(task, self.cfg.robot_uids)
+            if agent_cls not in self._robot_copies:
+                self._robot_copies[agent_cls] = str(low_poly_urdf(agent_cls.urdf_path,
+                                                                  float(self.cfg.robot_mesh_fraction)))
+            robot_copy = self._robot_copies[agent_cls]
+        with _refuse_download_prompts(task), _control_mode_named(self.cfg), _robot_urdf(agent_cls, robot_copy):
+            env = gym.make(task, num_envs=num_envs, **kwargs)
+            _build_robot_from(env.unwrapped, agent_cls, robot_copy)
+        return env
+
+    def _instruction(self, base, task: Optional[str] = None) -> str:
         if getattr(self.cfg, "instruction", None):
             return self.cfg.instruction
         getter = getattr(base, "get_language_instruction", None)
@@ -555,7 +577,7 @@ class ManiSkillEnv:
                 return str(getter()[0])
             except Exception:  # some tasks need a reset first; the table/id words still work
                 pass
-        return task_instruction(self.task_id)
+        return task_instruction(task or self.task_id)
 
     def _current_obs(self) -> Observation:
         """The GPU backend's observation (the CPU backend's is its serial env's)."""

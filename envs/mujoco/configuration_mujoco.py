@@ -39,8 +39,9 @@ class MujocoConfig(EnvConfig):
     reward_scale: float = 1.0
 
     builder: ClassVar[str] = "envs.mujoco.mujoco_env:MujocoEnv"
-    supports_privileged_states: ClassVar[bool] = True  # every family's full state (SubEnv.state)
-    # the module holding the family's sub-env class (``SubEnv``) and its name checks
+    task_key: ClassVar[Optional[str]] = "task"  # env.tasks: several tasks of the family (Meta-World MT10)
+    supports_privileged_states: ClassVar[bool] = True  # every family's full state (Task.state)
+    # the module holding the family's task class (``Task``: one simulator) and its name checks
     task_module: ClassVar[str] = ""
 
     def check(self) -> None:
@@ -63,7 +64,7 @@ class MujocoConfig(EnvConfig):
     def task_class(self):
         import importlib
 
-        return importlib.import_module(self.task_module).SubEnv
+        return importlib.import_module(self.task_module).Task
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Tuple
 import numpy as np
 
 from .configuration_mujoco import NO_CAMERA, FetchConfig
-from .gym_sub_env import GymSubEnv
+from .gym_task import GymTask
 
 INSTRUCTIONS = {
     "FetchReach": "move the gripper to the red target",
@@ -30,7 +30,7 @@ def _registered_tasks():
     return sorted(k for k in gym.registry if k.startswith("Fetch"))
 
 
-class SubEnv(GymSubEnv):
+class Task(GymTask):
     def __init__(self, cfg: FetchConfig, seed: int):
         import gymnasium as gym
 

@@ -14,7 +14,7 @@ from typing import Tuple
 import numpy as np
 
 from .configuration_mujoco import NO_CAMERA, MetaWorldConfig
-from .gym_sub_env import GymSubEnv
+from .gym_task import GymTask
 
 INSTRUCTIONS = {
     "reach-v3": "move the gripper to the goal position",
@@ -45,7 +45,7 @@ PROPRIO = slice(0, 4)  # hand xyz and the gripper's opening
 UPSIDE_DOWN = {"corner", "corner2", "corner3", "corner4"}
 
 
-class SubEnv(GymSubEnv):
+class Task(GymTask):
     upside_down_cameras = UPSIDE_DOWN
 
     def __init__(self, cfg: MetaWorldConfig, seed: int):
@@ -88,26 +88,30 @@ class SubEnv(GymSubEnv):
 
 
 class ScriptedExpert:
-    """Meta-World's scripted policy of the task (``metaworld.policies``) on every sub-env of a
+    """Meta-World's scripted policy of each sub-env's task (``metaworld.policies``) on a
     ``MujocoEnv``: it reads each simulator's own 39-value observation, not the env's (an rgb
     env gives only the proprioception)."""
 
-    def __init__(self, env, policy):
-        self.env, self.policy = env, policy
+    def __init__(self, env, policies):
+        self.env, self.policies = env, policies  # one per sub-env
 
     def __call__(self, obs) -> np.ndarray:
-        actions = np.asarray([self.policy.get_action(sub.state(full=True).astype(np.float64))
-                              for sub in self.env.sub_envs], dtype=np.float32)
+        actions = np.asarray([policy.get_action(sub.state(full=True).astype(np.float64))
+                              for policy, sub in zip(self.policies, self.env.sub_envs)], dtype=np.float32)
         # its gains ask for more than the env executes: give the executed action (a dataset's)
         low, high = np.asarray(self.env.spec.action_low), np.asarray(self.env.spec.action_high)
         return np.clip(actions, low, high).astype(np.float32)[:, None, :]
 
 
 def build_expert(env_cfg: MetaWorldConfig, env) -> ScriptedExpert:
-    """The expert of ``env_cfg.task`` (``env.scripted_expert`` of the Meta-World family)."""
+    """The expert of each sub-env's task, ``env.task`` or those of ``env.tasks`` (``env.scripted_expert``
+    of the Meta-World family)."""
     from metaworld.policies import ENV_POLICY_MAP
 
-    if env_cfg.task not in ENV_POLICY_MAP:
-        raise ValueError(f"Meta-World has no scripted policy for env.task={env_cfg.task!r}; it has them for: "
+    missing = [task for task in (list(env_cfg.tasks) or [env_cfg.task]) if task not in ENV_POLICY_MAP]
+    if missing:  # refused from the config, before the env is read
+        raise ValueError(f"Meta-World has no scripted policy for env.task={missing[0]!r}; it has them for: "
                          f"{', '.join(sorted(ENV_POLICY_MAP))}")
-    return ScriptedExpert(env, ENV_POLICY_MAP[env_cfg.task]())
+    tasks = env_cfg.sub_env_tasks(env.num_envs) or (env_cfg.task,) * env.num_envs
+    policies = {task: ENV_POLICY_MAP[task]() for task in set(tasks)}  # stateless: one per task serves all
+    return ScriptedExpert(env, [policies[task] for task in tasks])

@@ -157,31 +157,39 @@ class MujocoEnv(SerialEnv):
         self.cfg = env_cfg
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        task_class = env_cfg.task_class()
-        task_class.check_names(env_cfg)
-        tasks = [task_class(env_cfg, seed + i) for i in range(int(num_envs))]
+        configs = env_cfg.task_configs(int(num_envs))  # one per sub-env, each naming its task
+        for each in {c.task: c for c in configs}.values():
+            each.task_class().check_names(each)
+        tasks = [c.task_class()(c, seed + i) for i, c in enumerate(configs)]
         first = tasks[0]
-        cameras = self._choose_cameras(first)
+        for task, c in zip(tasks, configs):
+            if not (np.array_equal(task.action_low, first.action_low) and
+                    np.array_equal(task.action_high, first.action_high)):
+                raise ValueError(f"env.tasks: task '{c.task}' acts in other bounds than '{configs[0].task}' (the "
+                                 "tasks of a run share one action space)")
         self._warned_unstable = False
-        super().__init__([MujocoSubEnv(task, env_cfg, cameras, self._warn_unstable) for task in tasks],
-                         first.action_low, first.action_high, env_cfg.terminal_on_success)
+        subs = [MujocoSubEnv(task, c, self._choose_cameras(task, c), self._warn_unstable)
+                for task, c in zip(tasks, configs)]
+        super().__init__(subs, first.action_low, first.action_high, env_cfg.terminal_on_success)
         self.instruction = self.subs[0].instruction
         self.spec = EnvSpec.from_observation(
             self.reset().obs, action_dim=len(self.action_low), num_action_chunks=int(env_cfg.num_action_chunks),
             action_low=self.action_low.tolist(), action_high=self.action_high.tolist(), instruction=self.instruction,
-            reports_success=True, reports_fail=first.reports_fail, control_hz=float(first.control_hz))
+            reports_success=True, reports_fail=first.reports_fail, control_hz=float(first.control_hz),
+            tasks=env_cfg.sub_env_tasks(int(num_envs)))
 
-    def _choose_cameras(self, task) -> Dict[str, Optional[str]]:
+    @staticmethod
+    def _choose_cameras(task, cfg: MujocoConfig) -> Dict[str, Optional[str]]:
         main, wrist = task.default_cameras
-        chosen = {"main_images": self.cfg.main_camera or main, "wrist_images": self.cfg.wrist_camera or wrist}
+        chosen = {"main_images": cfg.main_camera or main, "wrist_images": cfg.wrist_camera or wrist}
         chosen = {k: (None if v == NO_CAMERA else v) for k, v in chosen.items()}
         for key, name in chosen.items():
             if name is not None and name not in task.camera_names:
                 setting = "env.main_camera" if key == "main_images" else "env.wrist_camera"
-                raise ValueError(f"{setting}={name!r} is not a camera of {self.cfg.name} task '{self.cfg.task}'; its "
+                raise ValueError(f"{setting}={name!r} is not a camera of {cfg.name} task '{cfg.task}'; its "
                                  f"cameras: {sorted(task.camera_names)} (or 'none')")
-        if chosen["main_images"] is None and (self.cfg.obs_mode == "rgb" or self.cfg.render_video):
-            need = "env.obs_mode=rgb" if self.cfg.obs_mode == "rgb" else "a video"
+        if chosen["main_images"] is None and (cfg.obs_mode == "rgb" or cfg.render_video):
+            need = "env.obs_mode=rgb" if cfg.obs_mode == "rgb" else "a video"
             raise ValueError(f"{need} needs env.main_camera, which is 'none'; cameras: {sorted(task.camera_names)}")
         return chosen
 

@@ -149,7 +149,7 @@ def _controller_config(robot: str, controller):
     return config
 
 
-class SubEnv:
+class Task:
     reports_fail = False
     upside_down_cameras = frozenset()  # MuJoCo's renderer draws robosuite's cameras upright
 

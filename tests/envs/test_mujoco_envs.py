@@ -226,3 +226,46 @@ def test_a_control_mode_the_robot_lacks_names_the_key_and_the_modes():
     with pytest.raises(ValueError, match=r"env.control_mode='pd_ee_delta_pos' is not a control mode of so100 .*"
                                          r"pd_joint_delta_pos"):
         build_env(cfg, 1, 0)
+
+
+def test_several_tasks_spread_over_the_sub_envs_and_the_evaluation_scores_each():
+    """env.tasks: sub-env i runs tasks[i % 2] with its own instruction; an evaluation where only
+    the reach sub-envs are driven to their goals scores reach 1 and drawer-close 0."""
+    from embodied_async.data import PolicyOutput
+    from embodied_async.evaluation import run_episodes
+    from envs.mujoco.metaworld_tasks import build_expert
+
+    cfg = env_config("metaworld_mt2", "env.max_episode_steps=60")
+    env = build(cfg, num_envs=4)
+    try:
+        out = env.reset(seed=0)
+        assert env.spec.tasks == ("reach-v3", "drawer-close-v3") * 2
+        assert out.obs["task_descriptions"] == ["move the gripper to the goal position", "close the drawer"] * 2
+        assert {sub.task.env.unwrapped.__class__.__name__ for sub in env.subs[:2]} == \
+            {"SawyerReachEnvV3", "SawyerDrawerCloseEnvV3"}
+        expert = build_expert(cfg, env)
+
+        class ReachOnly:
+            def predict(self, obs, mode="eval"):
+                actions = expert(obs)
+                actions[1::2] = 0.0  # the drawer-close sub-envs stand still
+                return PolicyOutput(actions=actions, logprobs=None, values=None, forward_inputs={})
+
+        result = run_episodes(ReachOnly(), env, num_episodes=8)
+        summary = result.summary()
+        assert result.tasks == ["reach-v3"] * 2 + ["drawer-close-v3"] * 2 + ["reach-v3"] * 2 + \
+            ["drawer-close-v3"] * 2  # sub-env by sub-env
+        assert summary["per_task"] == {"reach-v3": 1.0, "drawer-close-v3": 0.0}
+        assert summary["success_rate"] == 0.5
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.tasks=[reach-v3,reach-v3]", "names a task twice"),
+    ("env.tasks=[reach-v3,push-v3,drawer-close-v3]", "must spread evenly over each policy batch"),
+    ("env.tasks=[reach-v3,reach-v9]", "env.task='reach-v9' is not a Meta-World task"),
+])
+def test_env_tasks_are_checked_at_start_up(override, message):
+    with pytest.raises(ConfigError, match=message):
+        env_config("metaworld_mt2", override)

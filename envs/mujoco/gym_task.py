@@ -1,4 +1,4 @@
-"""What the sub-envs of gymnasium-made MuJoCo tasks (Meta-World, Fetch) share: bounds, cameras
+"""What the tasks of gymnasium-made MuJoCo families (Meta-World, Fetch) share: bounds, cameras
 and the model the renderer draws, read from the wrapped env; a seed kept for the next reset."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 
-class GymSubEnv:
+class GymTask:
     reports_fail = False
     upside_down_cameras = frozenset()
 
