@@ -40,6 +40,10 @@ class ClusterConfig:
     channel_transport: str = "auto"
 
 
+# model.precision: the names of the torch dtypes a policy computes in (and keeps frozen weights in)
+PRECISIONS = ("float32", "bfloat16")
+
+
 @dataclass
 class EnvConfig:
     """What every env family's config has; a family subclasses it next to its code

@@ -15,7 +15,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
-from embodied_async.config.schema import TrainConfig
+from embodied_async.config.schema import PRECISIONS, TrainConfig
 from embodied_async.config.topology import Topology, resolve_topology
 
 FAMILY_SECTIONS = ("model", "env")
@@ -103,7 +103,7 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     choice(cfg.cluster.backend, "cluster.backend", ("ray", "local"))
     choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
     choice(cfg.cluster.channel_transport, "cluster.channel_transport", ("auto", "ray"))
-    choice(cfg.model.precision, "model.precision", ("float32", "bfloat16"))
+    choice(cfg.model.precision, "model.precision", PRECISIONS)
     _check_counts(cfg)  # before the topology, which divides by these
     if num_gpus is None and cfg.runner.dry_run and cfg.cluster.device_type == "gpu":
         from embodied_async.plan import planned_num_gpus

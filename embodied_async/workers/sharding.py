@@ -21,9 +21,11 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from embodied_async.config.schema import PRECISIONS
+
 # the Policy methods that run a forward pass on the actor (FSDP must gather around each)
 FORWARD_METHODS = ("evaluate", "value", "predict", "supervised_loss")
-COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+COMPUTE_DTYPES = {name: getattr(torch, name) for name in PRECISIONS}
 
 
 def keep_trainable_in_float32(policy: nn.Module) -> int:

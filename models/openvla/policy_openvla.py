@@ -37,6 +37,7 @@ from embodied_async.data import PolicyOutput
 from embodied_async.normalization import InputStatistics
 from models.checkpoints import resolve_checkpoint
 from models.common import as_tensor, head_output, inference, make_mlp
+from models.vla import check_action_chunk, check_tiny_image_size, compute_dtype, inject_lora, make_tiny_once
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
 from .configuration_policy import OpenVLAPolicyConfig
@@ -50,7 +51,6 @@ from .processing_openvla import (
 )
 
 BOS_TOKEN_ID = 1
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 IMAGE_PREPROCESSING = ("auto", "torch", "pil")
 
 
@@ -170,19 +170,13 @@ class OpenVLAPolicy(nn.Module):
 
     def _add_lora(self, rank: int, alpha: float, dropout: float, targets: Union[str, Sequence[str]],
                   init_weights: Union[bool, str] = True) -> None:
-        from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
-
         if not isinstance(targets, str):
             targets = list(targets)
             targets = "all-linear" if targets == ["all-linear"] else targets
         # "all-linear": the language model's linear layers (peft leaves its lm_head out). Names:
         # matched anywhere in the VLA (ViT blocks, projector, language model, lm_head), by suffix.
         root = self.vla.language_model if targets == "all-linear" else self.vla
-        # In place (no PeftModel wrapper): module paths and forward signatures stay the same.
-        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                                           init_lora_weights=init_weights), root)
-        for name, param in self.vla.named_parameters():
-            param.requires_grad_("lora_" in name)
+        inject_lora(self.vla, [root], rank, alpha, targets, dropout, init_weights)
 
     def fsdp_units(self) -> List[nn.Module]:
         """Modules the actor shards as their own FSDP units: every ViT block and decoder layer
@@ -430,21 +424,15 @@ def _privileged_value_dim(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[Env
 def ensure_tiny_checkpoint(path: str, action_dim: int, image_size: int = 224) -> None:
     """Make the tiny checkpoint at ``path`` (once, whichever worker asks first); one already there
     must take ``image_size`` images."""
-    from models.checkpoints import make_once
-
     from .tiny import make_tiny_openvla
 
-    if not os.path.isdir(path):
-        make_once(path, lambda folder: make_tiny_openvla(folder, action_dim=action_dim, unnorm_key="tiny",
-                                                         image_size=image_size))
+    make_tiny_once(path, lambda folder: make_tiny_openvla(folder, action_dim=action_dim, unnorm_key="tiny",
+                                                          image_size=image_size))
     config_file = os.path.join(path, "config.json")
     if os.path.isfile(config_file):
         with open(config_file) as f:
             sizes = json.load(f).get("image_sizes")
-        if sizes and int(sizes[0]) != int(image_size):
-            raise ValueError(f"the tiny checkpoint at {path} takes {sizes[0]} px images, not "
-                             f"model.tiny_image_size={image_size}: set model.tiny_image_size={sizes[0]}, or remove "
-                             "that folder to make a new one")
+        check_tiny_image_size(path, sizes[0] if sizes else None, image_size)
 
 
 def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec] = None,
@@ -453,13 +441,12 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
     the checkpoint's weights are loaded onto ``device`` directly."""
     if not model_cfg.path:
         raise ValueError("model.path: an OpenVLA checkpoint folder is required for model 'openvla'")
-    if model_cfg.precision not in DTYPES:
-        raise ValueError(f"model.precision={model_cfg.precision!r}; use one of {sorted(DTYPES)}")
+    dtype = compute_dtype(model_cfg.precision)
     if model_cfg.tiny_random_init:
         ensure_tiny_checkpoint(model_cfg.path, env_spec.action_dim if env_spec else 7, model_cfg.tiny_image_size)
     lora = model_cfg.lora
     policy = OpenVLAPolicy.from_pretrained(
-        resolve_checkpoint(model_cfg.path, "the OpenVLA"), dtype=DTYPES[model_cfg.precision], device=device,
+        resolve_checkpoint(model_cfg.path, "the OpenVLA"), dtype=dtype, device=device,
         unnorm_key=model_cfg.unnorm_key,
         temperature=float(model_cfg.temperature),
         top_k=model_cfg.top_k,
@@ -475,11 +462,6 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         privileged_value_dim=_privileged_value_dim(model_cfg, env_spec),
         image_preprocessing=model_cfg.image_preprocessing,
     )
-    if env_spec is not None:
-        if env_spec.num_action_chunks != 1:
-            raise ValueError(f"env.num_action_chunks={env_spec.num_action_chunks}: OpenVLA emits one action per "
-                             "decision; set it to 1")
-        if env_spec.action_dim != policy.action_dim:
-            raise ValueError(f"env action_dim {env_spec.action_dim} != OpenVLA action dim {policy.action_dim} "
-                             f"(len of norm_stats[unnorm_key].action.q01)")
+    check_action_chunk(env_spec, "OpenVLA", chunk=1, action_dim=policy.action_dim, exact=True,
+                       source="its action tokens; the dims are norm_stats[unnorm_key].action.q01's")
     return policy

@@ -22,6 +22,7 @@ from torch import nn
 from embodied_async.data import PolicyOutput
 from embodied_async.normalization import InputStatistics
 from models.common import as_tensor, head_output, inference, make_mlp
+from models.vla import check_action_chunk, check_tiny_image_size, compute_dtype, inject_lora, make_tiny_once
 
 from .chain import ChainSettings, chain_log_prob, sample_chain
 from .modeling_pi0 import Pi0Model
@@ -83,17 +84,11 @@ class Pi0Policy(nn.Module):
         self.supervised_horizon = arch.chunk_size  # the flow loss trains the whole chunk
 
     def _add_lora(self, rank: int, alpha: float, targets: List[str], parts: List[str], init) -> None:
-        from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
-
         unknown = sorted(set(parts) - set(LORA_PARTS))
         if unknown or not parts:
             raise ValueError(f"lora parts {parts}: use one or both of {list(LORA_PARTS)}")
         roots = {"paligemma": self.model.paligemma, "expert": self.model.paligemma_with_expert.gemma_expert}
-        for part in parts:
-            inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets,
-                                               init_lora_weights=init), roots[part])
-        for name, param in self.model.named_parameters():
-            param.requires_grad_("lora_" in name)
+        inject_lora(self.model, [roots[part] for part in parts], rank, alpha, targets, init=init)
 
     @property
     def normalization(self) -> Normalization:
@@ -219,7 +214,6 @@ class Pi0Policy(nn.Module):
 
 # ---------------------------------------------------------------------------------- building
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 WORDS_TOKENIZER = "words"
 
 
@@ -251,9 +245,8 @@ def load_tokenizer(name: str, vocab_size: int) -> Callable[[str], List[int]]:
 
 def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     """Policy builder ``(model_cfg, env_spec, device) -> Pi0Policy`` (the family's ``builder``)."""
-    import os
 
-    from models.checkpoints import make_once, resolve_checkpoint
+    from models.checkpoints import resolve_checkpoint
 
     from .modeling_pi0 import load_pi0
     from .processing_pi0 import PREPROCESSOR_FILE, normalization_from_config, read_normalization
@@ -264,18 +257,17 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
         raise ValueError(f"none of model.camera_keys={list(model_cfg.camera_keys)} is an observation of this env "
                          f"({sorted(env_spec.obs_shapes)}): the policy would see no camera. Use an rgb obs_mode or "
                          "name the env's image keys")
-    if model_cfg.tiny_random_init and not os.path.isdir(model_cfg.path):
+    dtype = compute_dtype(model_cfg.precision)
+    if model_cfg.tiny_random_init:
         state_dim = env_spec.obs_shapes["states"][0] if env_spec else 8
-        make_once(model_cfg.path, lambda folder: make_tiny_pi0(
+        make_tiny_once(model_cfg.path, lambda folder: make_tiny_pi0(
             folder, state_dim, env_spec.action_dim if env_spec else 7,
             cameras=["base_0_rgb", "left_wrist_0_rgb"][:max(1, len(keys))], image_size=model_cfg.tiny_image_size))
     folder = resolve_checkpoint(model_cfg.path, "the Pi0")
-    model = load_pi0(folder, dtype=DTYPES[model_cfg.precision], device=device)
+    model = load_pi0(folder, dtype=dtype, device=device)
     arch = model.arch
-    if model_cfg.tiny_random_init and arch.image_size[0] != model_cfg.tiny_image_size:
-        raise ValueError(f"the tiny checkpoint at {model_cfg.path} takes {arch.image_size[0]} px images, not "
-                         f"model.tiny_image_size={model_cfg.tiny_image_size}: set model.tiny_image_size="
-                         f"{arch.image_size[0]}, or remove that folder to make a new one")
+    if model_cfg.tiny_random_init:
+        check_tiny_image_size(model_cfg.path, arch.image_size[0], model_cfg.tiny_image_size)
     if model_cfg.normalization_stats:
         normalization = normalization_from_config(model_cfg.normalization_stats, model_cfg.normalization_modes)
         source = "model.normalization_stats"
@@ -288,9 +280,8 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     executed = env_spec.num_action_chunks if env_spec else 1
     action_dim = env_spec.action_dim if env_spec else arch.action_dim
     state_dim = env_spec.obs_shapes["states"][0] if env_spec else arch.state_dim
-    if executed > arch.chunk_size or action_dim > arch.max_action_dim:
-        raise ValueError(f"env.num_action_chunks={executed} and the env's {action_dim} action dims must fit the "
-                         f"checkpoint's chunk of {arch.chunk_size} x {arch.max_action_dim}")
+    check_action_chunk(env_spec, "Pi0", chunk=arch.chunk_size, action_dim=arch.max_action_dim, exact=False,
+                       source=f"its checkpoint's chunk of {arch.chunk_size} x {arch.max_action_dim}, padded")
     if state_dim > arch.max_state_dim:
         raise ValueError(f"the env's state has {state_dim} values, more than the {arch.max_state_dim} the checkpoint "
                          f"{model_cfg.path} takes (config.json max_state_dim): choose an env obs_mode or robot with "

@@ -1,0 +1,67 @@
+"""What the VLA families (OpenVLA, Pi0, and the next one) share, so a family adds only its model,
+processor and config: the compute dtype of ``model.precision``, LoRA adapters injected in place,
+the tiny random checkpoint made once, and the checks of the env's action chunk against the
+checkpoint's."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from embodied_async.config.schema import PRECISIONS
+from embodied_async.contracts import EnvSpec
+from models.checkpoints import make_once
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The torch dtype a VLA's frozen weights and its compute use (``model.precision``)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"model.precision={precision!r}; use one of {list(PRECISIONS)}")
+    return getattr(torch, precision)
+
+
+def inject_lora(model: nn.Module, roots: Sequence[nn.Module], rank: int, alpha: float,
+                targets: Union[str, Sequence[str]], dropout: float = 0.0, init: Union[bool, str] = True) -> None:
+    """peft LoRA adapters of ``rank`` in the ``targets`` linear layers of each of ``roots``, in place
+    (no PeftModel wrapper: module paths and forward signatures stay the same); every parameter of
+    ``model`` but the adapters is then frozen (a value head added afterwards trains)."""
+    from peft import LoraConfig, inject_adapter_in_model  # lazy: only LoRA runs need peft
+
+    for root in roots:
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                                           init_lora_weights=init), root)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+
+
+def make_tiny_once(path: str, make: Callable[[str], None]) -> None:
+    """Make the tiny random checkpoint at ``path`` with ``make(folder)`` unless it is there (once,
+    whichever worker asks first)."""
+    if not os.path.isdir(path):
+        make_once(path, make)
+
+
+def check_tiny_image_size(path: str, image_size: Optional[int], wanted: int) -> None:
+    """A tiny checkpoint already at ``path`` must take ``model.tiny_image_size`` images."""
+    if image_size is not None and int(image_size) != int(wanted):
+        raise ValueError(f"the tiny checkpoint at {path} takes {image_size} px images, not model.tiny_image_size="
+                         f"{wanted}: set model.tiny_image_size={image_size}, or remove that folder to make a new one")
+
+
+def check_action_chunk(env_spec: Optional[EnvSpec], family: str, chunk: int, action_dim: int,
+                       exact: bool, source: str) -> None:
+    """The env's decisions fit the checkpoint's: at most ``chunk`` actions executed per decision
+    (``env.num_action_chunks``) of ``action_dim`` values each (exactly, where ``exact``; at most,
+    where the family pads them). ``source``: where the checkpoint's figures come from."""
+    if env_spec is None:
+        return
+    if env_spec.num_action_chunks > chunk:
+        raise ValueError(f"env.num_action_chunks={env_spec.num_action_chunks}: {family} emits {chunk} action(s) per "
+                         f"decision ({source}); set it to at most {chunk}")
+    if env_spec.action_dim > action_dim or (exact and env_spec.action_dim != action_dim):
+        relation = "" if exact else "at most "
+        raise ValueError(f"the env's actions have {env_spec.action_dim} values, {family}'s {relation}{action_dim} "
+                         f"({source}): choose an env control mode with {relation}{action_dim} action values")
