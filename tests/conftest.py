@@ -14,6 +14,19 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # golden data made by reference implementations; read-only, beside the checkout (also in CI)
 FIXTURES = os.path.join(REPO_ROOT, "..", "shared", "fixtures")
 OPENVLA_FIXTURES = ["openvla_tiny_a", "openvla_tiny_b"]
+
+
+def reference_fixture(name: str) -> str:
+    """The folder of reference fixture ``name`` (../shared/fixtures). Missing, it fails the test in
+    CI (CI=true: the fixtures come with its checkout, so a missing one is a broken set-up) and
+    skips it elsewhere."""
+    folder = os.path.join(FIXTURES, name)
+    if not os.path.isdir(folder):
+        message = f"reference fixture {folder} is missing (../shared/fixtures belongs beside the checkout)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return folder
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
 
 # A PushCube run small enough for a test: 2 updates of 4 envs x 8 steps.

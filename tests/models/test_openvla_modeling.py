@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, OPENVLA_FIXTURES
+from conftest import OPENVLA_FIXTURES, reference_fixture
 from safetensors.torch import load_file, save_file
 
 from models.openvla import (
@@ -50,9 +50,7 @@ def assert_close_scaled(actual, ref, rel=REL, what="values"):
 
 
 def _folder(name):
-    path = os.path.join(FIXTURES, name)
-    if not os.path.isdir(path):
-        pytest.skip(f"fixture {path} not available")
+    path = reference_fixture(name)
     return path
 
 

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, OPENVLA_FIXTURES
+from conftest import OPENVLA_FIXTURES, reference_fixture
 
 from embodied_async.contracts import EnvSpec, Policy
 from embodied_async.registry import build_policy
@@ -199,9 +199,7 @@ def test_bfloat16_policy_runs(tiny_folder):
 
 @pytest.mark.parametrize("name", OPENVLA_FIXTURES)
 def test_greedy_tokens_match_reference(name):
-    folder = os.path.join(FIXTURES, name)
-    if not os.path.isdir(folder):
-        pytest.skip(f"fixture {folder} not available")
+    folder = reference_fixture(name)
     with open(os.path.join(folder, "expected_outputs.json")) as f:
         expected = json.load(f)
     with open(os.path.join(folder, "input_ids.json")) as f:

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, OPENVLA_FIXTURES
+from conftest import OPENVLA_FIXTURES, reference_fixture
 from PIL import Image
 
 from models.openvla.action_tokenizer import ActionTokenizer, action_dim, get_action_stats
@@ -28,9 +28,7 @@ def _load_json(folder, name):
 
 @pytest.fixture(params=FIXTURE_NAMES)
 def fixture_dir(request):
-    folder = os.path.join(FIXTURES, request.param)
-    if not os.path.isdir(folder):
-        pytest.skip(f"fixture {folder} not available")
+    folder = reference_fixture(request.param)
     return folder
 
 

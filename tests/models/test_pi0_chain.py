@@ -6,13 +6,17 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES
+from conftest import FIXTURES, reference_fixture
 
 from models.pi0.chain import ChainSettings, chain_log_prob, sample_chain
 from models.pi0.modeling_pi0 import load_pi0
 
 FOLDER = os.path.join(FIXTURES, "pi0_tiny_lerobot")
-pytestmark = pytest.mark.skipif(not os.path.isdir(FOLDER), reason="Pi0 fixture not available")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pi0_fixture():
+    return reference_fixture("pi0_tiny_lerobot")
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,18 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES
+from conftest import FIXTURES, reference_fixture
 from safetensors.torch import load_file, save_file
 
 from models.pi0.configuration_pi0 import read_architecture
 from models.pi0.modeling_pi0 import Pi0CheckpointError, attention_mask_2d, load_pi0, sinusoidal_time_embedding
 
 FOLDER = os.path.join(FIXTURES, "pi0_tiny_lerobot")
-pytestmark = pytest.mark.skipif(not os.path.isdir(FOLDER), reason="Pi0 fixture not available")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pi0_fixture():
+    return reference_fixture("pi0_tiny_lerobot")
 
 
 @pytest.fixture(scope="module")

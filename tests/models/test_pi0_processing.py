@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES
+from conftest import FIXTURES, reference_fixture
 
 from models.pi0.processing_pi0 import (
     Normalization,
@@ -18,7 +18,11 @@ from models.pi0.processing_pi0 import (
 )
 
 FOLDER = os.path.join(FIXTURES, "pi0_tiny_lerobot")
-pytestmark = pytest.mark.skipif(not os.path.isdir(FOLDER), reason="Pi0 fixture not available")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pi0_fixture():
+    return reference_fixture("pi0_tiny_lerobot")
 
 
 @pytest.fixture(scope="module")
