@@ -124,7 +124,8 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     _check_tasks(cfg, topology)
     for section in FAMILY_SECTIONS:
         family_cfg = getattr(cfg, section)
-        configs = family_cfg.task_configs(len(family_cfg.tasks)) if section == "env" else [family_cfg]
+        # each task of env.tasks checked on its own; without them, the one config
+        configs = family_cfg.task_configs(max(1, len(family_cfg.tasks))) if section == "env" else [family_cfg]
         for each in configs:
             try:
                 each.check()
