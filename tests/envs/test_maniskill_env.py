@@ -120,6 +120,7 @@ def test_vector_env_path_matches_cpu_path_on_finishing_chunk():
     cpu, vec = make_env(1, max_episode_steps=3), make_env(1, max_episode_steps=3)
     try:
         vec._envs.pop().close()
+        vec._serial = None  # the GPU backend's path: no serial env
         cfg = vec.cfg
         kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, max_episode_steps=3)
         kwargs.update(reward_mode=cfg.reward_mode, sim_backend="cpu", render_backend="cpu")

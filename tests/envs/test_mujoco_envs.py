@@ -121,7 +121,8 @@ def test_a_chunk_of_actions_stops_at_the_episode_end():
         chunk = np.zeros((2, 3, 4), np.float32)
         assert not env.step(chunk).dones.any()  # steps 1-3
         out = env.step(chunk)  # step 4 ends it: the chunk's last two actions are dropped
-        assert out.dones.all() and (env._steps == 0).all()
+        assert out.dones.all() and out.env_steps.tolist() == [1, 1]  # executed, not the whole chunk
+        assert [sub.steps for sub in env.subs] == [0, 0]  # the next episode began
     finally:
         env.close()
 

@@ -181,7 +181,7 @@ def test_registered_builder_reads_the_family_config(tiny_folder):
     policy = build_policy(cfg, _spec(7))
     assert isinstance(policy, Policy)  # the typed contract every policy family meets
     assert policy.lora_enabled and policy.action_dim == 7
-    with pytest.raises(ValueError, match="action_dim"):
+    with pytest.raises(ValueError, match="the env's actions have 8 values, OpenVLA's 7"):
         build_openvla_policy(cfg, _spec(8))
     with pytest.raises(ValueError, match="num_action_chunks"):
         build_openvla_policy(cfg, _spec(7, chunks=4))
