@@ -18,6 +18,7 @@ from models.openvla.memory import parameter_counts
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 
 
+@pytest.mark.slow  # runs the entry point in a subprocess
 def test_7b_recipe_dry_run_prints_the_plan_and_starts_nothing():
     command = [sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_openvla", "runner.dry_run=true"]
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
@@ -32,6 +33,7 @@ def test_7b_recipe_dry_run_prints_the_plan_and_starts_nothing():
     assert "rollout weights" in out and "actor Adam moments (shard)" in out and "rollout KV cache" in out
 
 
+@pytest.mark.slow  # runs the entry point in a subprocess
 def test_pi0_recipe_dry_run_prints_its_plan():
     proc = subprocess.run([sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_openpi", "runner.dry_run=true"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -78,6 +78,7 @@ def test_rays_token_is_made_readable_by_this_user_alone(home, capfd, monkeypatch
     assert stat.S_IMODE(token.stat().st_mode) == 0o644
 
 
+@pytest.mark.slow  # starts Ray
 def test_a_local_ray_instance_keeps_its_session_in_a_private_folder():
     import ray
 

@@ -227,6 +227,7 @@ def _run_entry(*overrides):
     return proc, time.monotonic() - start
 
 
+@pytest.mark.slow  # runs the entry point in a subprocess
 @pytest.mark.parametrize("override", ["nonsense.key=1", "+nonsense.key=1"])
 def test_cli_rejects_unknown_key_before_starting(override, tmp_path):
     proc, seconds = _run_entry(override, f"runner.logger.log_path={tmp_path}/logs")
@@ -236,12 +237,14 @@ def test_cli_rejects_unknown_key_before_starting(override, tmp_path):
     assert seconds < 30
 
 
+@pytest.mark.slow  # runs the entry point in a subprocess
 def test_cli_rejects_gpu_placement_without_gpus(tmp_path):
     proc, _ = _run_entry("cluster.device_type=gpu", f"runner.logger.log_path={tmp_path}/logs")
     assert proc.returncode == 2
     assert "asks for GPUs, but this machine has none" in proc.stderr
 
 
+@pytest.mark.slow  # runs the entry point in a subprocess
 @pytest.mark.parametrize("override, key, fix", [
     ("algorithm.rollout_store_size_per_rank=0", "algorithm.rollout_store_size_per_rank=0", "set it to 1 or more"),
     ("env.task_id=PushCub-v1", "env.task_id", "PushCube-v1"),

@@ -89,6 +89,7 @@ def test_a_dataset_that_does_not_fit_is_refused_naming_the_key(reader):
         check_against_spec(reader, no_wrist, spec(), control_hz=10)
 
 
+@pytest.mark.slow  # starts decoding worker processes
 def test_decoding_workers_give_the_same_batches_in_the_same_order(reader):
     samples = SupervisedSamples(reader, KEYS, chunk=2, episodes=range(4))
     args = dict(batch_size=8, seed=3, window_episodes=2, start_batch=1, rank=1, world_size=2)

@@ -17,6 +17,8 @@ from embodied_async.workers.actor_worker import ActorWorker
 from embodied_async.workers.sharding import gather_trainable
 from embodied_async.workers.trainer_core import free_port
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 T, B = 4, 2  # one update = 8 decisions = 2 optimiser steps of 4
 SPEC = EnvSpec(obs_shapes={"main_images": (32, 32, 3)}, obs_dtypes={"main_images": "uint8"}, action_dim=7)
 

@@ -11,6 +11,8 @@ import pytest
 from conftest import run_recipe
 from local_users import NOBODY, outcomes, start_intruder
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 
 @pytest.mark.slow
 def test_a_training_run_completes_while_intruders_keep_trying(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ import sys
 import pytest
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 
 

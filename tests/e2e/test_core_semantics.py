@@ -15,6 +15,8 @@ from embodied_async.checkpoint_io import CheckpointError, load_tree, verify_chec
 from embodied_async.runner import Runner
 from embodied_async.workers import actor_worker
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 LOCAL = ["cluster.backend=local", "cluster.component_placement.env=0", "cluster.component_placement.rollout=0",
          "cluster.component_placement.actor=0", "runner.val_check_interval=0"]
 

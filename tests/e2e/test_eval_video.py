@@ -11,6 +11,8 @@ import pytest
 from conftest import REPO_ROOT, run_recipe
 from video_files import decode_mp4
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 
 def check_videos(folder, size, instruction):
     videos = sorted(f for f in os.listdir(folder) if f.endswith(".mp4"))

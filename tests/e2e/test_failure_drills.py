@@ -18,6 +18,8 @@ from test_interrupt_resume import ENTRY, SMALL_CLI, session_processes, wait_for_
 
 from embodied_async.checkpoint_io import verify_checkpoint
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 # the component's name in the error ("env[1].run failed: ..."), and the class name in its Ray
 # process title ("ray::EnvWorker..."); the first such process found is killed, whichever rank it is
 COMPONENTS = {"env": "EnvWorker", "rollout": "RolloutWorker", "actor": "ActorWorker"}

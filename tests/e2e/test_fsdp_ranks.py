@@ -12,6 +12,8 @@ from embodied_async.scheduler.graph_channels import GraphChannels
 from embodied_async.scheduler.worker_group import WorkerGroup, init_ray, wait_all
 from embodied_async.workers.actor_worker import ActorWorker
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 SPEC = EnvSpec(obs_shapes={"states": (5,)}, obs_dtypes={"states": "float32"}, action_dim=2)
 T, B = 8, 4  # the SMALL config: 4 envs x 8 steps
 

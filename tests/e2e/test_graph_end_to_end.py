@@ -11,6 +11,8 @@ from conftest import assert_logs_every_recipe_metric
 from embodied_async.runner import Runner
 from embodied_async.scheduler.worker_group import WorkerFailed
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 
 def read_records(cfg):
     with open(os.path.join(cfg.runner.logger.log_path, "metrics.jsonl")) as f:

@@ -10,6 +10,8 @@ import time
 import pytest
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 SMALL_CLI = ["env.num_envs=4", "env.max_episode_steps=10", "rollout.num_steps=8", "actor.global_batch_size=16",
              "actor.micro_batch_size=8", "model.hidden_sizes=[32,32]", "runner.val_check_interval=0",

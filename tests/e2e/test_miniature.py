@@ -12,6 +12,8 @@ import sys
 import pytest
 from conftest import REPO_ROOT, assert_logs_every_recipe_metric
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "miniature.py")
 
 

@@ -14,6 +14,8 @@ from embodied_async.scheduler.channel import RayChannel
 from embodied_async.scheduler.direct_channel import DirectChannel
 from embodied_async.scheduler.graph_channels import RoutedChannel
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 
 @pytest.fixture
 def two_nodes():

@@ -4,6 +4,8 @@ each task's success beside the overall rate."""
 import pytest
 from conftest import assert_logs_every_recipe_metric, run_recipe
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 
 @pytest.mark.slow
 def test_the_two_task_recipe_trains_and_its_evaluation_scores_each_task(tmp_path):

@@ -7,6 +7,8 @@ import pytest
 from conftest import assert_logs_every_recipe_metric, run_recipe
 from demonstrations import run_tiny_sft
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 
 @pytest.mark.slow
 def test_tiny_pi0_recipes_sft_then_two_async_updates_from_its_checkpoint(tmp_path):

@@ -14,6 +14,8 @@ from omegaconf import OmegaConf
 
 from embodied_async.config import ConfigError, to_train_config
 
+pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
+
 PLUGIN_SOURCE = os.path.join(REPO_ROOT, "tests", "support", "example_plugin")
 PLUGIN_CONFIGS = os.path.join(PLUGIN_SOURCE, "configs")  # the plugin's recipe and its group files
 ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")

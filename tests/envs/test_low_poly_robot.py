@@ -19,6 +19,8 @@ from embodied_async.registry import build_env  # noqa: E402
 from envs.maniskill import ManiSkillConfig  # noqa: E402
 from envs.maniskill.low_poly import low_poly_urdf  # noqa: E402
 
+pytestmark = pytest.mark.slow  # builds simulators
+
 
 def panda_urdf() -> str:
     from mani_skill.agents.robots.panda.panda import Panda

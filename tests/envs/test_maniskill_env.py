@@ -13,6 +13,8 @@ from embodied_async.contracts import Env  # noqa: E402
 from embodied_async.registry import build_env  # noqa: E402
 from envs.maniskill import ManiSkillConfig, bootstrap_flags, task_instruction  # noqa: E402
 
+pytestmark = pytest.mark.slow  # builds simulators
+
 
 def make_env(num_envs: int = 2, seed: int = 0, **overrides):
     cfg = ManiSkillConfig(**{"task_id": "PushCube-v1", "max_episode_steps": 50, "control_mode": "pd_ee_delta_pos",

@@ -12,6 +12,8 @@ from conftest import REPO_ROOT
 
 from embodied_async.config import ConfigError
 
+pytestmark = pytest.mark.slow  # builds simulators
+
 MUJOCO_FAMILIES = ("robosuite", "metaworld", "fetch")
 
 

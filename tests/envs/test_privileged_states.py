@@ -8,6 +8,8 @@ import pytest
 from embodied_async.config import ConfigError
 from embodied_async.registry import build_env
 
+pytestmark = pytest.mark.slow  # builds simulators
+
 pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")
 
 

@@ -12,6 +12,8 @@ from models.mlp.configuration_mlp import MLPConfig
 from models.openvla.configuration_policy import OpenVLAPolicyConfig
 from models.pi0.configuration_policy import Pi0PolicyConfig
 
+pytestmark = pytest.mark.slow  # trains each family until it overfits (~20 s)
+
 BATCH, STATE_DIM, ACTION_DIM = 6, 9, 7
 
 

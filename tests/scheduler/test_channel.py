@@ -20,6 +20,8 @@ from embodied_async.scheduler import (
     create_channel,
 )
 
+pytestmark = pytest.mark.slow  # starts Ray
+
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():

@@ -19,6 +19,8 @@ from embodied_async.private_files import FolderRefused, private_folder
 from embodied_async.scheduler import channel_access
 from embodied_async.scheduler.direct_channel import DirectChannel
 
+pytestmark = pytest.mark.slow  # starts intruder processes
+
 KEY = (0, 0)
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user (CI runs as root)")
 

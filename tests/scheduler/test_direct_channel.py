@@ -44,6 +44,7 @@ def _echo(channel, replies, rounds):
     replies.close()
 
 
+@pytest.mark.slow  # spawns processes
 def test_items_cross_processes_in_order_per_key(channel):
     context = mp.get_context("spawn")
     channel.listen(KEYS[:2])
@@ -82,6 +83,7 @@ def test_first_done_wakes_on_the_key_whose_item_arrived():
         channel.destroy()
 
 
+@pytest.mark.slow  # spawns a process
 def test_round_trips_with_an_env_like_process():
     outputs = DirectChannel.create("outputs", [(0, 0)], maxsize=2)
     actions = DirectChannel.create("actions", [(0, 0)], maxsize=2)
