@@ -27,8 +27,10 @@ class EnvSpec:
     ``EnvOutput.successes`` means anything for this task (when not, success rates are logged as
     null rather than 0); ``reports_fail`` whether it ends episodes as failures (always terminal).
     ``control_hz``: actions executed per second of simulated time (a dataset of demonstrations
-    must have this frame rate); None where the family does not say. ``tasks``: the task of each
-    sub-env where the env runs several (``env.tasks``), empty where it runs one.
+    must have this frame rate); None where the family does not say. ``instruction``: the first
+    sub-env's; ``instructions``: each sub-env's (``task_descriptions`` of the reset it was built
+    from); ``tasks``: the task of each sub-env where the env runs several (``env.tasks``), empty
+    where it runs one.
     """
 
     obs_shapes: Dict[str, Tuple[int, ...]]
@@ -42,6 +44,7 @@ class EnvSpec:
     reports_fail: bool = False
     control_hz: Optional[float] = None
     tasks: Tuple[str, ...] = ()
+    instructions: Tuple[str, ...] = ()
 
     @classmethod
     def from_observation(cls, obs: Observation, action_dim: int, num_action_chunks: int = 1,
@@ -49,6 +52,7 @@ class EnvSpec:
                          **flags) -> "EnvSpec":
         """The spec of a batched observation dict (leading dim ``B``), as an env builds it after reset."""
         arrays = {k: np.asarray(v) for k, v in obs.items() if k != "task_descriptions"}
+        flags.setdefault("instructions", tuple(str(text) for text in obs.get("task_descriptions", ())))
         return cls(obs_shapes={k: tuple(v.shape[1:]) for k, v in arrays.items()},
                    obs_dtypes={k: v.dtype.name for k, v in arrays.items()}, action_dim=int(action_dim),
                    num_action_chunks=int(num_action_chunks), action_low=tuple(float(v) for v in action_low),

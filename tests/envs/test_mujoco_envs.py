@@ -244,6 +244,7 @@ def test_several_tasks_spread_over_the_sub_envs_and_the_evaluation_scores_each()
         out = env.reset(seed=0)
         assert env.spec.tasks == ("reach-v3", "drawer-close-v3") * 2
         assert out.obs["task_descriptions"] == ["move the gripper to the goal position", "close the drawer"] * 2
+        assert list(env.spec.instructions) == out.obs["task_descriptions"]
         assert {sub.task.env.unwrapped.__class__.__name__ for sub in env.subs[:2]} == \
             {"SawyerReachEnvV3", "SawyerDrawerCloseEnvV3"}
         expert = build_expert(cfg, env)
