@@ -9,7 +9,7 @@ here. Both check a built object against its protocol at start-up, so a missing m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -59,6 +59,24 @@ class EnvSpec:
                    action_high=tuple(float(v) for v in action_high), **flags)
 
 
+# Env.reset's seed: an int (sub-env i is seeded with seed + i), one seed per sub-env (sub-envs
+# given the same seed start from the same state: algorithm.adv_type=grpo's groups), or None
+# (every sub-env continues its own RNG)
+ResetSeed = Union[None, int, Sequence[int]]
+
+
+def sub_env_seeds(seed: ResetSeed, num_envs: int) -> Optional[List[int]]:
+    """The seed of each of ``num_envs`` sub-envs for ``Env.reset(seed)`` (None: none reseeded)."""
+    if seed is None:
+        return None
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != num_envs:
+        raise ValueError(f"reset got {len(seeds)} seeds for {num_envs} sub-envs: give one per sub-env, or one int")
+    return seeds
+
+
 @runtime_checkable
 class Env(Protocol):
     """``num_envs`` sub-environments stepped together (env families, ``envs/``).
@@ -66,14 +84,15 @@ class Env(Protocol):
     ``step`` executes one action chunk ``[B, C, A]`` in order, sums the rewards of its sub-steps,
     auto-resets a sub-env that finished (keeping its last observation in ``final_obs``) and marks
     with ``EnvOutput.bootstrap`` which finished sub-envs bootstrap (``data.bootstrap_flags``, the
-    one rule every family applies). ``reset_envs`` resets only the given sub-envs (the env worker
+    one rule every family applies). ``reset(seed)`` starts every sub-env anew (``ResetSeed``: one int,
+    one seed per sub-env, or None). ``reset_envs`` resets only the given sub-envs (the env worker
     uses it to drop a sub-env whose values went non-finite) and returns the full observation.
     """
 
     num_envs: int
     spec: EnvSpec
 
-    def reset(self, seed: Optional[int] = None) -> EnvOutput: ...
+    def reset(self, seed: ResetSeed = None) -> EnvOutput: ...
 
     def step(self, actions: np.ndarray) -> EnvOutput: ...
 

@@ -105,6 +105,12 @@ def build_graph(cfg: TrainConfig, topology: Topology) -> Graph:
     groups = dict(topology=topology, backend=backend)
     env = WorkerGroup("env", EnvWorker, kwargs_for=lambda r: dict(common, rank=r), slots=slots.get("env"), **groups)
     env_spec = env.call_rank(0, "spec").result()
+    if cfg.algorithm.demo_loss_coef > 0:  # here, before the actor opens it: a dataset that does not fit is one line
+        from embodied_async.datasets.batches import open_dataset
+
+        reader, keys = open_dataset(cfg.dataset.root, cfg.dataset.keys, env_spec)
+        print(f"[ppo] demonstrations in the loss (algorithm.demo_loss_coef={cfg.algorithm.demo_loss_coef}): "
+              f"{cfg.dataset.root}, {reader.num_episodes} episodes, {len(reader)} frames; inputs {keys}", flush=True)
     rollout = WorkerGroup("rollout", RolloutWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec),
                           slots=slots.get("rollout"), **groups)
     actor = WorkerGroup("actor", ActorWorker, kwargs_for=lambda r: dict(common, rank=r, env_spec=env_spec),

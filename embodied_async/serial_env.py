@@ -10,11 +10,11 @@ Parallelism comes from several env worker processes.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
-from embodied_async.contracts import SubEnv
+from embodied_async.contracts import ResetSeed, SubEnv, sub_env_seeds
 from embodied_async.data import (
     EnvOutput,
     Observation,
@@ -41,10 +41,12 @@ class SerialEnv:
         self.terminal_on_success = bool(terminal_on_success)
         self._rows: List[Observation] = []
 
-    def reset(self, seed: Optional[int] = None) -> EnvOutput:
-        """Reset every sub-env (sub-env ``i`` reseeded with ``seed + i``; None continues their RNGs)."""
+    def reset(self, seed: ResetSeed = None) -> EnvOutput:
+        """Reset every sub-env (``seed``: an int reseeds sub-env ``i`` with ``seed + i``, a list gives
+        each its own; None continues their RNGs)."""
+        seeds = sub_env_seeds(seed, self.num_envs)
         for i, sub in enumerate(self.subs):
-            sub.reset(None if seed is None else int(seed) + i)
+            sub.reset(None if seeds is None else seeds[i])
         self._rows = [sub.observe() for sub in self.subs]
         self._check_rows_alike()
         return EnvOutput.after_reset(self._current_obs(), self.num_envs)

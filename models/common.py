@@ -99,6 +99,11 @@ def head_output(head: nn.Sequential, features: torch.Tensor) -> torch.Tensor:
     return head(features.to(head[0].weight.dtype)).squeeze(-1).float()
 
 
+def zero_values(features: torch.Tensor) -> torch.Tensor:
+    """The values [B] of a policy without a value head (a value-free run): zeros, float32."""
+    return torch.zeros(features.shape[0], dtype=torch.float32, device=features.device)
+
+
 def gaussian_supervised_loss(head: GaussianHead, mean: torch.Tensor, actions: torch.Tensor,
                              action_pad: torch.Tensor) -> Tuple[torch.Tensor, dict]:
     """Negative log-likelihood of the expert's actions under the Gaussian head, per sample: the

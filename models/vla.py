@@ -14,6 +14,7 @@ from torch import nn
 from embodied_async.config.schema import PRECISIONS
 from embodied_async.contracts import EnvSpec
 from models.checkpoints import make_once
+from models.common import as_tensor, make_mlp
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -65,3 +66,29 @@ def check_action_chunk(env_spec: Optional[EnvSpec], family: str, chunk: int, act
         relation = "" if exact else "at most "
         raise ValueError(f"the env's actions have {env_spec.action_dim} values, {family}'s {relation}{action_dim} "
                          f"({source}): choose an env control mode with {relation}{action_dim} action values")
+
+
+def privileged_value_dim(model_cfg, env_spec) -> int:
+    """The size of the env's privileged state vector a ``model.value_input=privileged_states``
+    critic reads (0 for any other value input, or without a value head)."""
+    if getattr(model_cfg, "value_input", None) != "privileged_states" or not model_cfg.builds_value_head():
+        return 0
+    if env_spec is None or "privileged_states" not in env_spec.obs_shapes:
+        raise ValueError("model.value_input=privileged_states: the env gives no privileged states; set "
+                         "env.privileged_states=true (families that support it: ManiSkill, robosuite, Meta-World, "
+                         "Fetch)")
+    return int(env_spec.obs_shapes["privileged_states"][0])
+
+
+def privileged_value_head(dim: int, hidden_sizes, dtype: torch.dtype) -> nn.Sequential:
+    """The asymmetric critic's head: layer norm (the state's entries differ in scale by orders of
+    magnitude) and an MLP to one value."""
+    return nn.Sequential(nn.LayerNorm(dim), *make_mlp(dim, list(hidden_sizes), 1, "gelu", out_std=1.0)).to(dtype)
+
+
+def privileged_states_input(obs, device) -> torch.Tensor:
+    """The observation's ``privileged_states`` as float32 on ``device`` (the critic's input)."""
+    if "privileged_states" not in obs:
+        raise KeyError("the value head reads 'privileged_states' (model.value_input=privileged_states), and the "
+                       "observation has none: set env.privileged_states=true")
+    return as_tensor(obs["privileged_states"], dtype=torch.float32, device=device)

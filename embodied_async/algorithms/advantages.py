@@ -121,3 +121,63 @@ def explained_variance(
     if var_returns.item() == 0.0:
         return float("nan")
     return float(1.0 - (returns - values).var(unbiased=False) / var_returns)
+
+
+class EpisodeCutError(ValueError):
+    """A group-relative batch holds an episode that did not end within its trajectory."""
+
+
+@torch.no_grad()
+def group_relative_advantages(
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    group_size: int,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Value-free advantages (GRPO / RLOO style) over a ``[T, B]`` rollout whose sub-envs began
+    their episodes together at ``t = 0``, sub-envs ``g * group_size .. (g + 1) * group_size - 1``
+    from one initial state.
+
+    Each sub-env's episode is its steps up to and including its first done. Its return R is the
+    sum of those rewards; its advantage, at every step of the episode, is ``R - mean(group)``
+    (divided by the group's population std with ``normalize_std``). A group whose returns are
+    all equal (within ``eps``: under a success reward, all succeeded or all failed) says nothing
+    about which actions were better and is dropped from the loss. Steps after the first done
+    (the auto-reset episode that follows) are never trained on.
+
+    Returns:
+        (advantages float32 [T, B], mask bool [T, B]: the steps that enter the loss, metrics).
+
+    Raises:
+        EpisodeCutError: when a sub-env has no done in the trajectory (its return is unknown).
+    """
+    dones = dones.bool()
+    num_steps, num_envs = dones.shape
+    if group_size < 2 or num_envs % group_size:
+        raise ValueError(f"{num_envs} sub-envs do not split into groups of {group_size} (group_size must be >= 2 "
+                         "and divide the sub-envs)")
+    ended = dones.any(0)
+    if not bool(ended.all()):
+        cut = torch.nonzero(~ended).flatten().tolist()
+        raise EpisodeCutError(f"the episodes of sub-envs {cut[:8]} did not end within the {num_steps} decisions "
+                              "of their trajectory, so their returns are unknown: group-relative advantages need "
+                              "rollout.num_steps x env.num_action_chunks to cover the env's episode length")
+    steps = torch.arange(num_steps)[:, None]
+    first_done = torch.argmax(dones.int(), dim=0)  # the first True per column
+    in_episode = steps <= first_done[None, :]
+    returns = (rewards.float() * in_episode).sum(0)
+    grouped = returns.view(-1, group_size)
+    mean = grouped.mean(1, keepdim=True)
+    std = grouped.std(1, unbiased=False, keepdim=True)
+    relative = grouped - mean
+    if normalize_std:
+        relative = relative / (std + eps)
+    kept = (grouped.max(1).values - grouped.min(1).values) > eps
+    advantages = relative.reshape(-1)[None, :] * in_episode
+    mask = in_episode & kept.repeat_interleave(group_size)[None, :]
+    num_groups = grouped.shape[0]
+    metrics = {"train/grpo/groups": float(num_groups), "train/grpo/groups_dropped": float(num_groups - int(kept.sum())),
+               "train/grpo/episode_return": float(returns.mean()),
+               "train/grpo/trained_step_fraction": float(mask.float().mean())}
+    return advantages.float(), mask, metrics

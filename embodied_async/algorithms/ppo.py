@@ -8,6 +8,7 @@ the world size, so N ranks on N shards give the same update as one rank on the w
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -72,6 +73,10 @@ class UpdateSettings:
     policy_lr: float = 0.0
     policy_lr_warmup_steps: int = 0
     policy_steps_before: int = 0
+    # False: a value-free update (algorithm.adv_type=grpo): no value loss, no critic to warm up
+    train_critic: bool = True
+    # weight of the demonstrations' supervised loss added to every policy step (0: none)
+    demo_loss_coef: float = 0.0
 
     @classmethod
     def from_config(cls, cfg, world_size: int, version: int = 0, optimizer_steps: int = 0) -> "UpdateSettings":
@@ -90,7 +95,8 @@ class UpdateSettings:
             huber_delta=alg.huber_delta, value_loss_coef=alg.value_loss_coef, entropy_coef=alg.entropy_coef,
             normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
             max_grad_norm=actor.max_grad_norm, policy_lr=actor.lr, policy_lr_warmup_steps=actor.policy_lr_warmup_steps,
-            policy_steps_before=max(0, optimizer_steps - actor.critic_warmup_steps))
+            policy_steps_before=max(0, optimizer_steps - actor.critic_warmup_steps),
+            train_critic=alg.adv_type == "gae", demo_loss_coef=alg.demo_loss_coef)
 
 
 def _to(device, batch: PPOBatch) -> PPOBatch:
@@ -141,16 +147,17 @@ def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s:
     pg_loss, pg_metrics = decoupled_ppo_actor_loss(
         logprobs, proximal, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, s.clip_ratio_low,
         s.clip_ratio_high, s.clip_ratio_c, s.behave_weight_threshold, loss_normalizer=normalizer)
-    v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, s.value_clip, s.huber_delta,
-                                   mc.loss_mask, loss_normalizer=normalizer)
     ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
-    loss = s.value_loss_coef * v_loss
-    if train_policy:
-        loss = loss + pg_loss - s.entropy_coef * ent
-    # ---- bookkeeping: per-sample means of the micro-batch ----
     to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
+    loss = pg_loss - s.entropy_coef * ent if train_policy else pg_loss.new_zeros(())
+    v_metrics: Dict[str, float] = {}
+    if s.train_critic:
+        v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, s.value_clip, s.huber_delta,
+                                       mc.loss_mask, loss_normalizer=normalizer)
+        loss = loss + s.value_loss_coef * v_loss
+        v_metrics["train/critic/value_loss"] *= to_mean
+    # ---- bookkeeping: per-sample means of the micro-batch ----
     pg_metrics["train/actor/policy_loss"] *= to_mean
-    v_metrics["train/critic/value_loss"] *= to_mean
     return loss, {**pg_metrics, **v_metrics, "train/actor/entropy": float(ent.detach()) * to_mean}
 
 
@@ -175,11 +182,18 @@ def _policy_groups(optimizer, purpose: str) -> list:
     return groups
 
 
+# demonstrations in the loss: ``demo_backward(scale)`` back-propagates scale x the mean supervised
+# loss of the next batch of demonstration frames (this rank's share) and returns its metrics
+DemoBackward = Callable[[float], Dict[str, float]]
+
+
 def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Tensor,
                           proximal: Optional[torch.Tensor], s: UpdateSettings, normalizer: float,
-                          train_policy: bool, device) -> Tuple[bool, list, torch.Tensor]:
-    """Forward and backward over the micro-batches of one minibatch, then clip: returns whether
-    every loss was finite, the per-micro-batch metrics and the global gradient norm."""
+                          train_policy: bool, device, demo_backward: Optional[DemoBackward] = None
+                          ) -> Tuple[bool, list, Dict[str, float], torch.Tensor]:
+    """Forward and backward over the micro-batches of one minibatch (and, on a policy step, the
+    demonstrations' term), then clip: returns whether every loss was finite, the per-micro-batch
+    metrics, the demonstrations' metrics and the global gradient norm."""
     optimizer.zero_grad(set_to_none=True)
     loss_finite, step_metrics = True, []
     for mc_start in range(0, len(mb_index), s.micro_batch_size):
@@ -188,16 +202,26 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
         prox = proximal[index].to(device) if proximal is not None else None
         loss, micro_metrics = _micro_batch_loss(policy, mc, prox, s, normalizer, train_policy)
         loss_finite &= bool(torch.isfinite(loss.detach()))
-        loss.backward()
+        if loss.requires_grad:
+            loss.backward()
         step_metrics.append(micro_metrics)
+    demo_metrics: Dict[str, float] = {}
+    if train_policy and demo_backward is not None and s.demo_loss_coef > 0:
+        demo_metrics = demo_backward(s.demo_loss_coef)
+        loss_finite &= math.isfinite(demo_metrics.get("train/demo/loss", 0.0))
     if not train_policy:
         _drop_policy_gradients(optimizer)
-    return loss_finite, step_metrics, clip_gradients(policy, s.max_grad_norm)
+    return loss_finite, step_metrics, demo_metrics, clip_gradients(policy, s.max_grad_norm)
 
 
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
-               generator: torch.Generator, device="cpu") -> Dict[str, float]:
-    """Epochs of minibatch steps; the optimiser's groups are named "policy" and "value"."""
+               generator: torch.Generator, device="cpu", demo_backward: Optional[DemoBackward] = None
+               ) -> Dict[str, float]:
+    """Epochs of minibatch steps; the optimiser's groups are named "policy" and "value".
+    ``demo_backward``: the demonstrations' term, added to every policy step (``s.demo_loss_coef``).
+    An empty batch (every group-relative sample dropped) takes no step."""
+    if len(batch) == 0:
+        return _update_metrics({}, {}, s, 0, 0, 0)
     # ---- proximal log-probs: a forward pass now, or interpolated by version per minibatch ----
     proximal = recompute_logprobs(policy, batch, s.micro_batch_size, device) if s.recompute_logprobs else None
 
@@ -217,8 +241,8 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             valid = all_reduce_sum(batch.loss_mask[mb_index].sum().float().reshape(1))[0]
             normalizer = max(float(valid), 1.0) / s.world_size
             train_policy = steps_taken >= s.critic_warmup_left
-            loss_finite, step_metrics, grad_norm = _accumulate_gradients(
-                policy, optimizer, batch, mb_index, proximal, s, normalizer, train_policy, device)
+            loss_finite, step_metrics, demo_metrics, grad_norm = _accumulate_gradients(
+                policy, optimizer, batch, mb_index, proximal, s, normalizer, train_policy, device, demo_backward)
             # ---- a NaN/inf loss or gradient would poison the weights for good: skip that step ----
             if not all_ranks_finite(loss_finite, grad_norm, all_reduce_sum, s.world_size):
                 optimizer.zero_grad(set_to_none=True)
@@ -230,8 +254,9 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                     counts[name] += 1
                 epoch_kl += micro_metrics["train/actor/proximal_approx_kl"]
                 epoch_minibatches += 1
-            sums["train/actor/grad_norm"] += float(grad_norm)
-            counts["train/actor/grad_norm"] += 1
+            for name, value in {**demo_metrics, "train/actor/grad_norm": float(grad_norm)}.items():
+                sums[name] += value
+                counts[name] += 1
             if train_policy and s.policy_lr_warmup_steps:
                 policy_step = s.policy_steps_before + steps_taken - s.critic_warmup_left
                 _set_policy_lr(optimizer, s.policy_lr * lr_factor(policy_step, s.policy_lr_warmup_steps, 0,
@@ -244,9 +269,16 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
         if s.target_kl is not None and steps_taken > s.critic_warmup_left and float(kl) > s.target_kl:
             break
 
-    # an update whose every step was skipped as non-finite still reports its losses (as NaN)
-    metrics = {name: float("nan") for name in ("train/actor/policy_loss", "train/critic/value_loss",
-                                               "train/critic/value_clip_fraction")}
+    return _update_metrics(sums, counts, s, epochs_run, steps_taken, nonfinite_skipped)
+
+
+def _update_metrics(sums: Dict[str, float], counts: Dict[str, int], s: UpdateSettings, epochs_run: int,
+                    steps_taken: int, nonfinite_skipped: int) -> Dict[str, float]:
+    """The update's means; one whose every step was skipped (non-finite, or an empty batch) still
+    reports its losses, as NaN."""
+    reported = ("train/actor/policy_loss", "train/critic/value_loss", "train/critic/value_clip_fraction") \
+        if s.train_critic else ("train/actor/policy_loss",)
+    metrics = {name: float("nan") for name in reported}
     metrics.update({name: sums[name] / counts[name] for name in sums})
     metrics["train/actor/epochs"] = float(epochs_run)
     metrics["train/actor/optimizer_steps"] = float(steps_taken)

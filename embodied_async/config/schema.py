@@ -143,6 +143,9 @@ class ModelConfig:
     # and observation statistics the policy starts from; counters, optimiser state and the run's
     # progress are not taken (that is runner.resume_dir)
     init_from: Optional[str] = None
+    # whether the policy has a value head (a critic); null: as the algorithm needs one (gae: yes,
+    # grpo: no). A policy without one reports zero values and trains no value loss
+    add_value_head: Optional[bool] = None
 
     builder: ClassVar[str] = ""  # "module:callable"
     # the recipe to suggest when a GPU recipe of this family meets a machine without GPUs
@@ -152,6 +155,11 @@ class ModelConfig:
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
+
+    def builds_value_head(self) -> bool:
+        """Whether the policy builder makes a value head (validation resolves ``add_value_head``
+        from ``algorithm.adv_type``; a config made by hand without it gets one)."""
+        return self.add_value_head is not False
 
     def fetch(self) -> None:
         """Download what the family needs (a hub checkpoint, its tokenizer) once, in the launcher,
@@ -203,6 +211,20 @@ class AlgorithmConfig:
     update_epochs: int = 8
     target_kl: Optional[float] = 0.1  # stop the epoch loop once proximal KL exceeds it
     reward_scale: float = 1.0
+    # how advantages are estimated: "gae" (a critic's values, GAE over gamma / gae_lambda) or
+    # "grpo" (value-free, group-relative: every trajectory starts group_size sub-envs of each group
+    # from one seed, each episode's advantage is its return minus its group's mean (divided by the
+    # group's std with group_normalize_std), and groups whose returns are all equal (all succeed or
+    # all fail under a success reward) are dropped from the loss). grpo needs each episode to end
+    # within a trajectory (rollout.num_steps x env.num_action_chunks >= the episode's time limit)
+    # and builds no critic
+    adv_type: str = "gae"
+    group_size: int = 1  # grpo: sub-envs per initial state (>= 2); each policy batch holds whole groups
+    group_normalize_std: bool = True
+    # > 0: a supervised term on the demonstrations of `dataset` (the family's own SFT loss) added to
+    # every policy step with this weight, so RL cannot forget the warm start while it explores
+    demo_loss_coef: float = 0.0
+    demo_batch_size: int = 32  # demonstration frames per optimiser step, over all actor ranks
 
 
 @dataclass

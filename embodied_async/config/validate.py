@@ -121,6 +121,8 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     if cfg.model.init_from is not None:
         _check_resume_dir(cfg.model.init_from, "model.init_from")
     _check_supervised(cfg)
+    _check_advantages(cfg, topology)
+    _check_demonstrations(cfg, topology.actor_world_size)
     _check_tasks(cfg, topology)
     for section in FAMILY_SECTIONS:
         family_cfg = getattr(cfg, section)
@@ -134,6 +136,63 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
             except ValueError as err:
                 raise ConfigError(f"{section} ({family_cfg.name}): {err}") from None
     return topology
+
+
+def _check_advantages(cfg: TrainConfig, topology: Topology) -> None:
+    """``algorithm.adv_type``: GAE needs a critic; grpo builds none, and needs whole groups in every
+    policy batch (and actor shard) and every episode to end within its trajectory. Resolves
+    ``model.add_value_head`` (null: as the algorithm needs)."""
+    alg, model = cfg.algorithm, cfg.model
+    choice(alg.adv_type, "algorithm.adv_type", ("gae", "grpo"))
+    value_free = alg.adv_type == "grpo"
+    if model.add_value_head is None:
+        model.add_value_head = not value_free
+    require(model.add_value_head != value_free,
+            f"model.add_value_head={model.add_value_head} with algorithm.adv_type={alg.adv_type}: "
+            + ("a group-relative (value-free) run builds no critic: set model.add_value_head=false or null"
+               if value_free else "GAE needs the critic's values: set model.add_value_head=true or null"))
+    value_input = getattr(model, "value_input", None)
+    require(value_input != "privileged_states" or cfg.env.privileged_states or value_free,
+            "model.value_input=privileged_states: the critic reads the env's privileged state vector; set "
+            "env.privileged_states=true")
+    if not value_free:
+        return
+    size = alg.group_size
+    bound(size, "algorithm.group_size", lambda v: v >= 2, "must be >= 2 with algorithm.adv_type=grpo",
+          "each initial state is tried by a group of sub-envs whose returns are compared: use e.g. 4 or 8")
+    require(cfg.actor.critic_warmup_steps == 0,
+            f"actor.critic_warmup_steps={cfg.actor.critic_warmup_steps} with algorithm.adv_type=grpo: a value-free "
+            "run has no critic to warm up; set it to 0")
+    shard = topology.envs_per_stage // topology.actor_world_size
+    require(topology.envs_per_stage % topology.actor_world_size == 0 and shard % size == 0,
+            f"algorithm.group_size={size}: every policy batch ({topology.envs_per_stage} sub-envs: env.num_envs over "
+            f"the env processes and their stages) must hold whole groups, on each of the {topology.actor_world_size} "
+            f"actor ranks; make env.num_envs a multiple of "
+            f"{size * topology.actor_world_size * topology.num_env_workers * topology.stages}")
+    episode = getattr(cfg.env, "max_episode_steps", None)
+    covered = cfg.rollout.num_steps * cfg.env.num_action_chunks
+    require(not isinstance(episode, int) or covered >= episode,
+            f"algorithm.adv_type=grpo needs every episode to end within its trajectory: rollout.num_steps x "
+            f"env.num_action_chunks = {cfg.rollout.num_steps} x {cfg.env.num_action_chunks} = {covered} env steps, "
+            f"less than env.max_episode_steps={episode}; set rollout.num_steps to at least "
+            f"{-(-episode // cfg.env.num_action_chunks)}")
+
+
+def _check_demonstrations(cfg: TrainConfig, world: int) -> None:
+    alg = cfg.algorithm
+    bound(alg.demo_loss_coef, "algorithm.demo_loss_coef", lambda v: v >= 0, "must be >= 0",
+          "use 0 for no demonstrations in the RL loss, or e.g. 0.1")
+    if alg.demo_loss_coef == 0:
+        return
+    require(cfg.runner.mode == "ppo", "algorithm.demo_loss_coef is a term of the PPO loss: set it to 0 for "
+                                      "runner.mode=sft")
+    require(cfg.dataset.root is not None,
+            f"algorithm.demo_loss_coef={alg.demo_loss_coef} needs demonstrations: set dataset.root to a LeRobot "
+            "dataset (e.g. the SFT run's)")
+    positive(alg.demo_batch_size, "algorithm.demo_batch_size")
+    require(alg.demo_batch_size % world == 0,
+            f"algorithm.demo_batch_size={alg.demo_batch_size} must split evenly over the {world} actor ranks; use a "
+            f"multiple of {world}")
 
 
 def _check_tasks(cfg: TrainConfig, topology: Topology) -> None:

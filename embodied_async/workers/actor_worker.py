@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from typing import Dict, List
 
-from embodied_async.algorithms import compute_gae, explained_variance
+import torch
+
+from embodied_async.algorithms import compute_gae, explained_variance, group_relative_advantages
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
 from embodied_async.algorithms.version_gate import VersionGate
@@ -27,6 +29,32 @@ class ActorWorker(TrainerCore):
         self.actor_channel = channels.trajectories
         self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
         self.actor_channel.listen([(*stream, rank) for stream in topology.streams])
+        self._demo_batches = None
+
+    def prepare_policy(self, policy) -> None:
+        """With ``algorithm.demo_loss_coef`` > 0: the demonstrations of ``dataset.root`` as a stream of
+        supervised batches (every episode; the policy keeps the statistics it was trained with)."""
+        alg = self.cfg.algorithm
+        if alg.demo_loss_coef <= 0:
+            return
+        from embodied_async.contracts import SupervisedPolicy
+        from embodied_async.datasets.batches import SupervisedSamples, batch_stream, open_dataset
+
+        if not isinstance(policy, SupervisedPolicy):
+            raise TypeError(f"algorithm.demo_loss_coef={alg.demo_loss_coef}: the {self.cfg.model.name} policy "
+                            "defines no supervised loss (contracts.SupervisedPolicy); set it to 0")
+        data = self.cfg.dataset
+        reader, keys = open_dataset(data.root, data.keys, self.env_spec, data.cache_episodes)
+        samples = SupervisedSamples(reader, keys, int(policy.supervised_horizon), range(reader.num_episodes))
+        self._demo_batches = batch_stream(samples, alg.demo_batch_size, self.cfg.runner.seed + 1, data.window_episodes,
+                                          0, self.rank, self.world_size, data.num_workers)
+
+    def _demo_backward(self, scale: float) -> Dict[str, float]:
+        """``ppo.DemoBackward``: scale x the mean supervised loss of the next demonstration batch."""
+        batch = next(self._demo_batches)
+        sums = self.supervised_losses(batch, scale / len(batch), backward=True)
+        named = lambda name: "train/demo/loss" if name == "loss" else name.replace("train/sft/", "train/demo/")  # noqa: E731
+        return {named(name): value / len(batch) for name, value in sums.items()}
 
     def publish_weights(self) -> int:
         """Collective: publish the weights with each rollout rank's acknowledgements."""
@@ -58,15 +86,38 @@ class ActorWorker(TrainerCore):
             self.store.add(stream, shard, int(shard.versions.min()))
 
     def _build_batch(self, traj: Trajectory) -> tuple:
+        """(the flat batch, metrics of its advantages). GAE over the critic's values, or (grpo)
+        group-relative advantages, whose dropped groups and post-episode steps leave the batch."""
         alg = self.cfg.algorithm
-        advantages, returns = compute_gae(traj.rewards, traj.values, traj.dones, traj.next_values,
-                                          traj.bootstrap_values, alg.gamma, alg.gae_lambda)
+        loss_mask = traj.loss_mask
+        if alg.adv_type == "grpo":
+            advantages, trained, metrics = group_relative_advantages(traj.rewards, traj.dones, alg.group_size,
+                                                                     alg.group_normalize_std)
+            returns, loss_mask = torch.zeros_like(advantages), loss_mask & trained
+        else:
+            advantages, returns = compute_gae(traj.rewards, traj.values, traj.dones, traj.next_values,
+                                              traj.bootstrap_values, alg.gamma, alg.gae_lambda)
         flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731  [T, B, ...] -> [T * B, ...]
         steps = traj.map(lambda t, env_dim: flat(t) if env_dim == 1 else t)
         batch = PPOBatch(steps.forward_inputs, steps.actions, behaviour_logprobs=steps.logprobs,
                          old_values=steps.values, advantages=flat(advantages), returns=flat(returns),
-                         versions=steps.versions, loss_mask=steps.loss_mask)
-        return batch, explained_variance(batch.old_values, batch.returns, batch.loss_mask)
+                         versions=steps.versions, loss_mask=flat(loss_mask))
+        if alg.adv_type == "grpo":
+            return self._trained_rows(batch), metrics
+        return batch, {"train/critic/explained_variance": explained_variance(batch.old_values, batch.returns,
+                                                                             batch.loss_mask)}
+
+    def _trained_rows(self, batch: PPOBatch) -> PPOBatch:
+        """The rows that enter the loss, first: every forward pass costs the same whether its sample
+        is masked or not, and grpo masks the dropped groups and the steps after each episode. Each
+        rank keeps as many rows as the rank with the most (padded with masked rows), so all ranks
+        take the same number of steps."""
+        trained = torch.nonzero(batch.loss_mask).flatten()
+        counts = torch.zeros(self.world_size)
+        counts[self.rank] = float(len(trained))
+        keep = int(self._all_reduce_sum(counts).max())
+        padding = torch.nonzero(~batch.loss_mask).flatten()[:keep - len(trained)]
+        return batch.rows(torch.cat([trained, padding]))
 
     def _settings(self) -> UpdateSettings:
         return UpdateSettings.from_config(self.cfg, self.world_size, self.version, self.optimizer_steps)
@@ -86,14 +137,14 @@ class ActorWorker(TrainerCore):
         for shard in shards:  # the run's one normaliser learns from what it trains on
             merge_observation_moments(self.policy, shard.obs_moments)
         traj = Trajectory.concat(shards)
-        batch, explained = self._build_batch(traj)
+        batch, advantage_metrics = self._build_batch(traj)
         self.policy.train()
+        demo = self._demo_backward if self._demo_batches is not None else None
         metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
-                             self.generator, self.device)
+                             self.generator, self.device, demo_backward=demo)
         self.optimizer_steps += int(metrics["train/actor/optimizer_steps"])
         versions = traj.versions.float()
-        out = {**metrics, **self.store.pop_metrics(),
-               "train/critic/explained_variance": explained,
+        out = {**metrics, **self.store.pop_metrics(), **advantage_metrics,
                "train/actor/average_version": float(versions.mean()),
                "train/actor/current_version": float(self.version),
                "train/actor/staleness": float(self.version - versions.mean()),

@@ -80,6 +80,37 @@ class EnvWorker:
         self._env_steps = 0
         self._nonfinite = 0
         self._pending_puts = [None] * stages
+        # algorithm.adv_type=grpo: every trajectory starts each group of group_size sub-envs from
+        # one seed, so the group's episodes begin in the same state and their returns compare
+        grouped = cfg.algorithm.adv_type == "grpo"
+        self.group_size = int(cfg.algorithm.group_size) if grouped else 0
+        self._seed = seed
+        self._decisions = [0] * stages  # decisions stepped per stage: trajectory k starts at k x num_steps
+
+    def _group_seeds(self, stage: int) -> List[int]:
+        """One seed per sub-env of ``stage``, the same within each group, fresh for every trajectory."""
+        num_envs = self.envs[stage].num_envs
+        trajectory = self._decisions[stage] // self.cfg.rollout.num_steps
+        seeds = np.random.SeedSequence([self._seed, stage, trajectory]).generate_state(num_envs // self.group_size)
+        return [int(seeds[i // self.group_size]) % 2**31 for i in range(num_envs)]
+
+    def _reset(self, stage: int) -> EnvOutput:
+        """A stage's first observations: grouped seeds under grpo, the env's own otherwise."""
+        env = self.envs[stage]
+        return env.reset(self._group_seeds(stage)) if self.group_size else env.reset()
+
+    def _begin_groups(self, stage: int, out: EnvOutput) -> EnvOutput:
+        """Under grpo, after a trajectory's last decision: every sub-env starts a new episode from
+        its group's seed (the rollout begins the next trajectory with these observations). The
+        episodes that ran on after an earlier end were never trained on and are not scored."""
+        self._decisions[stage] += 1
+        if not self.group_size or self._decisions[stage] % self.cfg.rollout.num_steps:
+            return out
+        out.obs = self._reset(stage).obs
+        with self._lock:
+            self.stats[stage].returns[:] = 0.0
+            self.stats[stage].lengths[:] = 0
+        return out
 
     def spec(self) -> EnvSpec:
         return self.envs[0].spec
@@ -125,8 +156,8 @@ class EnvWorker:
     def run(self) -> None:
         """The long-lived loop; returns when stopped or when a channel closes."""
         try:
-            for stage, env in enumerate(self.envs):
-                self._put(stage, env.reset())
+            for stage in range(len(self.envs)):
+                self._put(stage, self._reset(stage))
             while not self._stop.is_set():
                 for stage, env in enumerate(self.envs):
                     with self.timer.section("wait"):
@@ -139,6 +170,8 @@ class EnvWorker:
                     with self._lock:
                         self.stats[stage].record(out, executed)
                         self._env_steps += int(executed.sum())
+                    with self.timer.section("env"):
+                        out = self._begin_groups(stage, out)
                     with self.timer.section("wait"):
                         self._put(stage, out)
         except (ChannelClosed, Stopped):

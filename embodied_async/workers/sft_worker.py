@@ -75,22 +75,6 @@ class SupervisedWorker(TrainerCore):
             group["lr"] = bases[group["name"]] * factor
         return actor.lr * factor
 
-    def _losses(self, batch: SupervisedBatch, scale: float, backward: bool):
-        """Forward (and backward) over micro-batches; per-sample sums of the loss and metrics."""
-        sums: Dict[str, float] = defaultdict(float)
-        micro = self.cfg.actor.micro_batch_size
-        for start in range(0, len(batch), micro):
-            batch_part = batch.rows(slice(start, start + micro))
-            actions = torch.as_tensor(batch_part.actions, device=self.device)
-            pad = torch.as_tensor(batch_part.action_pad, device=self.device)
-            losses, metrics = self.policy.supervised_loss(batch_part.obs, actions, pad)
-            if backward:
-                (losses.float().sum() * scale).backward()
-            sums["loss"] += float(losses.detach().float().sum())
-            for name, value in metrics.items():
-                sums[name] += float(value) * len(batch_part)
-        return sums
-
     def _train_step(self) -> Dict[str, float]:
         start, start_cpu = time.perf_counter(), time.thread_time()
         batch = self._next_batch()
@@ -98,7 +82,7 @@ class SupervisedWorker(TrainerCore):
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         # each rank averages over its share; FSDP averages the gradients over ranks
-        sums = self._losses(batch, 1.0 / len(batch), backward=True)
+        sums = self.supervised_losses(batch, 1.0 / len(batch), backward=True)
         grad_norm = clip_gradients(self.policy, self.cfg.actor.max_grad_norm)
         skipped = not all_ranks_finite(bool(np.isfinite(sums["loss"])), grad_norm, self._all_reduce_sum,
                                        self.world_size)
@@ -135,7 +119,7 @@ class SupervisedWorker(TrainerCore):
             count = 0
             for _, indices in zip(range(self.cfg.sft.validation_batches), batches):
                 share = self.val_samples.batch(indices[self.rank::self.world_size])
-                for name, value in self._losses(share, 0.0, backward=False).items():
+                for name, value in self.supervised_losses(share, 0.0, backward=False).items():
                     sums[name] += value
                 count += len(share)
         finally:

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import warnings
+from collections import defaultdict
 from typing import Dict, Optional
 
 import torch
@@ -169,6 +170,25 @@ class TrainerCore:
         keys = sorted(metrics)
         values = self._all_reduce_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
         return {k: float(v) / self.world_size for k, v in zip(keys, values)}
+
+    def supervised_losses(self, batch, scale: float, backward: bool) -> Dict[str, float]:
+        """The policy's supervised loss (``contracts.SupervisedPolicy``) over a batch of
+        demonstration frames (``datasets.batches.SupervisedBatch``), micro-batch by micro-batch,
+        back-propagating ``scale`` x each sum when ``backward``; per-sample sums of the loss
+        (``loss``) and of the family's metrics."""
+        sums: Dict[str, float] = defaultdict(float)
+        micro = self.cfg.actor.micro_batch_size
+        for start in range(0, len(batch), micro):
+            batch_part = batch.rows(slice(start, start + micro))
+            actions = torch.as_tensor(batch_part.actions, device=self.device)
+            pad = torch.as_tensor(batch_part.action_pad, device=self.device)
+            losses, metrics = self.policy.supervised_loss(batch_part.obs, actions, pad)
+            if backward:
+                (losses.float().sum() * scale).backward()
+            sums["loss"] += float(losses.detach().float().sum())
+            for name, value in metrics.items():
+                sums[name] += float(value) * len(batch_part)
+        return sums
 
     # ---- weights -----------------------------------------------------------------------------
     def trainable_state(self) -> Dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from embodied_async.contracts import EnvSpec, SubStep
+from embodied_async.contracts import EnvSpec, ResetSeed, SubStep, sub_env_seeds
 from embodied_async.data import (
     EnvOutput,
     Observation,
@@ -446,12 +446,12 @@ class ManiSkillEnv:
         if self._reward is not None:
             self._check_reward_info(base)
 
-    def reset(self, seed: Optional[int] = None) -> EnvOutput:
-        """Reset every sub-env (sub-env ``i`` gets ``seed + i``; None continues their RNGs)."""
+    def reset(self, seed: ResetSeed = None) -> EnvOutput:
+        """Reset every sub-env (an int: sub-env ``i`` gets ``seed + i``; a list: one seed each, the
+        GPU backend's batched reset seeding each sub-env with its own; None continues their RNGs)."""
         if self._serial is not None:
             return self._serial.reset(seed)
-        seeds = None if seed is None else [int(seed) + i for i in range(self.num_envs)]
-        raw, _ = self._vec.reset(seed=seeds)
+        raw, _ = self._vec.reset(seed=sub_env_seeds(seed, self.num_envs))
         self._obs = self._normalise(raw, self.num_envs)
         if self._reward is not None:
             self._reward.reset(range(self.num_envs))

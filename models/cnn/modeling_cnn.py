@@ -16,6 +16,7 @@ from models.common import (
     layer_init,
     make_mlp,
     set_running_norm,
+    zero_values,
 )
 
 
@@ -56,7 +57,9 @@ class CNNPolicy(nn.Module):
         feature_dim = cfg.cnn_feature_dim + state_dim
         hidden = list(cfg.hidden_sizes)
         self.actor = make_mlp(feature_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)
-        self.critic = make_mlp(feature_dim, hidden, 1, cfg.activation, out_std=1.0)
+        # no critic in a value-free run (algorithm.adv_type=grpo): its values are zeros
+        self.critic = make_mlp(feature_dim, hidden, 1, cfg.activation, out_std=1.0) if cfg.builds_value_head() \
+            else None
         self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
         self.state_dim = state_dim
         self.supervised_horizon = chunks
@@ -87,17 +90,20 @@ class CNNPolicy(nn.Module):
         inputs = self._inputs(obs, observe=(mode == "train"))
         features = self._features(inputs)
         actions, logprobs = self.head.sample(self.actor(features), deterministic=(mode == "eval"))
-        return PolicyOutput(actions=actions, logprobs=logprobs, values=self.critic(features).squeeze(-1),
+        return PolicyOutput(actions=actions, logprobs=logprobs, values=self._value(features),
                             forward_inputs=inputs)
 
     @torch.no_grad()
     def value(self, obs) -> torch.Tensor:
-        return self.critic(self._features(self._inputs(obs, observe=False))).squeeze(-1)
+        return self._value(self._features(self._inputs(obs, observe=False)))
 
     def evaluate(self, forward_inputs, actions):
         features = self._features(forward_inputs)
         logprobs, entropy = self.head.log_prob_entropy(self.actor(features), actions)
-        return logprobs, entropy, self.critic(features).squeeze(-1)
+        return logprobs, entropy, self._value(features)
+
+    def _value(self, features: torch.Tensor) -> torch.Tensor:
+        return zero_values(features) if self.critic is None else self.critic(features).squeeze(-1)
 
     def supervised_loss(self, obs, actions, action_pad):
         """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""

@@ -7,7 +7,15 @@ from torch import nn
 
 from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
-from models.common import GaussianHead, RunningNorm, as_tensor, gaussian_supervised_loss, make_mlp, set_running_norm
+from models.common import (
+    GaussianHead,
+    RunningNorm,
+    as_tensor,
+    gaussian_supervised_loss,
+    make_mlp,
+    set_running_norm,
+    zero_values,
+)
 from models.mlp.configuration_mlp import MLPConfig
 
 
@@ -26,7 +34,8 @@ class MLPPolicy(nn.Module):
         self.normalizer = RunningNorm(state_dim) if cfg.normalize_obs else None
         hidden = list(cfg.hidden_sizes)
         self.actor = make_mlp(state_dim, hidden, chunks * action_dim, cfg.activation, out_std=0.01 * 2**0.5)
-        self.critic = make_mlp(state_dim, hidden, 1, cfg.activation, out_std=1.0)
+        # no critic in a value-free run (algorithm.adv_type=grpo): its values are zeros
+        self.critic = make_mlp(state_dim, hidden, 1, cfg.activation, out_std=1.0) if cfg.builds_value_head() else None
         self.head = GaussianHead(chunks, action_dim, cfg.init_log_std)
         self.supervised_horizon = chunks
 
@@ -44,19 +53,22 @@ class MLPPolicy(nn.Module):
         raw = self._raw_states(obs, observe=(mode == "train"))
         states = self._normalised(raw)
         actions, logprobs = self.head.sample(self.actor(states), deterministic=(mode == "eval"))
-        values = self.critic(states).squeeze(-1)
+        values = self._value(states)
         # the raw states travel: the actor normalises them with the statistics it has just merged,
         # the ones it publishes with the weights it trains (and the rollout acts with next)
         return PolicyOutput(actions=actions, logprobs=logprobs, values=values, forward_inputs={"states": raw})
 
     @torch.no_grad()
     def value(self, obs) -> torch.Tensor:
-        return self.critic(self._normalised(self._raw_states(obs, observe=False))).squeeze(-1)
+        return self._value(self._normalised(self._raw_states(obs, observe=False)))
 
     def evaluate(self, forward_inputs, actions):
         states = self._normalised(forward_inputs["states"])
         logprobs, entropy = self.head.log_prob_entropy(self.actor(states), actions)
-        return logprobs, entropy, self.critic(states).squeeze(-1)
+        return logprobs, entropy, self._value(states)
+
+    def _value(self, states: torch.Tensor) -> torch.Tensor:
+        return zero_values(states) if self.critic is None else self.critic(states).squeeze(-1)
 
     def supervised_loss(self, obs, actions, action_pad):
         """Gaussian negative log-likelihood of the expert's actions (``SupervisedPolicy``)."""

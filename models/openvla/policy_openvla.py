@@ -36,8 +36,17 @@ from embodied_async.contracts import EnvSpec
 from embodied_async.data import PolicyOutput
 from embodied_async.normalization import InputStatistics
 from models.checkpoints import resolve_checkpoint
-from models.common import as_tensor, head_output, inference, make_mlp
-from models.vla import check_action_chunk, check_tiny_image_size, compute_dtype, inject_lora, make_tiny_once
+from models.common import as_tensor, head_output, inference, make_mlp, zero_values
+from models.vla import (
+    check_action_chunk,
+    check_tiny_image_size,
+    compute_dtype,
+    inject_lora,
+    make_tiny_once,
+    privileged_states_input,
+    privileged_value_dim,
+    privileged_value_head,
+)
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
 from .configuration_policy import OpenVLAPolicyConfig
@@ -98,7 +107,7 @@ class OpenVLAPolicy(nn.Module):
                  gradient_checkpointing: bool = False, value_head_hidden_sizes: Sequence[int] = (1024, 512),
                  image_processor: Optional[OpenVLAImageProcessor] = None, tokenizer=None,
                  prompt_ids_fn: Optional[Callable[[str], List[int]]] = None, store_raw_images: bool = False,
-                 privileged_value_dim: int = 0):
+                 privileged_value_dim: int = 0, value_head: bool = True):
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (use mode='eval' for greedy), got {temperature}")
@@ -139,11 +148,11 @@ class OpenVLAPolicy(nn.Module):
         dtype = vla.projector.fc1.weight.dtype
         # the value head reads the prompt's last hidden state, or (privileged_value_dim > 0) the env's
         # privileged state vector: an asymmetric critic, for simulators (the actor still sees images)
-        self.privileged_value = privileged_value_dim > 0
-        if self.privileged_value:
-            self.value_head = nn.Sequential(
-                nn.LayerNorm(privileged_value_dim),
-                *make_mlp(privileged_value_dim, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0)).to(dtype)
+        self.privileged_value = value_head and privileged_value_dim > 0
+        if not value_head:  # a value-free run (algorithm.adv_type=grpo): zero values, nothing to train
+            self.value_head = None
+        elif self.privileged_value:
+            self.value_head = privileged_value_head(privileged_value_dim, value_head_hidden_sizes, dtype)
         else:
             self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
         self.lora_enabled = lora_rank > 0
@@ -236,14 +245,16 @@ class OpenVLAPolicy(nn.Module):
         """uint8 images [B, H, W, 3] -> float32 pixel values [B, 6, S, S] on the policy device."""
         return self.image_processor.normalize(self.resize_images(images))
 
-    def _inputs(self, obs) -> Dict[str, torch.Tensor]:
+    def _inputs(self, obs, critic: bool = True) -> Dict[str, torch.Tensor]:
+        """The model's inputs; ``critic``: the value head's too (a privileged critic's state is
+        needed in training only: evaluation and the supervised loss run without it)."""
         resized = self.resize_images(obs["main_images"])
         ids, mask = self.prompt_batch(list(obs["task_descriptions"]))
         inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": self.image_processor.normalize(resized)}
         if self.store_raw_images:  # the resized images: what the actor needs, ~6x less than a 640x480 frame
             inputs["images"] = resized
-        if self.privileged_value:
-            inputs["privileged_states"] = self._privileged_states(obs)
+        if self.privileged_value and (critic or "privileged_states" in obs):
+            inputs["privileged_states"] = privileged_states_input(obs, self.device)
         return inputs
 
     # ------------------------------------------------------------------------------ model pieces
@@ -289,7 +300,7 @@ class OpenVLAPolicy(nn.Module):
         return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
 
     def _value(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        return head_output(self.value_head, last_hidden)
+        return zero_values(last_hidden) if self.value_head is None else head_output(self.value_head, last_hidden)
 
     # ------------------------------------------------------------------------------ protocol
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor,
@@ -328,7 +339,9 @@ class OpenVLAPolicy(nn.Module):
         """:meth:`predict` on ready-made left-padded prompt ids and pixel values."""
         tokens, logprobs, _, values = self.generate(input_ids, attention_mask, pixel_values, mode)
         forward_inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "action_tokens": tokens}
-        if self.privileged_value:
+        if self.privileged_value and mode == "eval" and "privileged_states" not in (extra_inputs or {}):
+            values = zero_values(tokens)  # an evaluation on an env without privileged states
+        elif self.privileged_value:
             if not extra_inputs or "privileged_states" not in extra_inputs:
                 raise KeyError("model.value_input=privileged_states: pass extra_inputs['privileged_states'] (predict "
                                "does, from the observation)")
@@ -344,15 +357,17 @@ class OpenVLAPolicy(nn.Module):
 
     def predict(self, obs, mode: str = "train") -> PolicyOutput:
         """Observations -> sampled ("train") or greedy ("eval") actions [B, 1, A] + log-probs + values."""
-        inputs = self._inputs(obs)
+        inputs = self._inputs(obs, critic=mode == "train")
         return self.predict_from_inputs(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"],
                                         mode, extra_inputs=inputs)
 
     def value(self, obs) -> torch.Tensor:
         """Values [B] of observations (prompt-only pass, no generation)."""
+        if self.value_head is None:
+            return torch.zeros(len(obs["task_descriptions"]), dtype=torch.float32, device=self.device)
         if self.privileged_value:
             with inference(self):
-                return self._value(self._privileged_states(obs))
+                return self._value(privileged_states_input(obs, self.device))
         inputs = self._inputs(obs)
         with inference(self):
             hidden, _, _ = self._prefill(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"])
@@ -381,19 +396,12 @@ class OpenVLAPolicy(nn.Module):
         value_input = forward_inputs["privileged_states"] if self.privileged_value else hidden[:, -n - 1]
         return logprobs, self._entropy(logp).sum(-1), self._value(value_input)
 
-    def _privileged_states(self, obs) -> torch.Tensor:
-        if "privileged_states" not in obs:
-            raise KeyError("the value head reads 'privileged_states' (model.value_input=privileged_states), and the "
-                           "observation has none: set env.privileged_states=true")
-        return as_tensor(obs["privileged_states"], dtype=torch.float32, device=self.device)
-
-
     def supervised_loss(self, obs, actions, action_pad=None) -> Tuple[torch.Tensor, Dict[str, float]]:
         """Cross-entropy of the expert's action tokens over the whole vocabulary, one
         teacher-forced pass, the prompt masked (OpenVLA's own fine-tuning); per sample, the mean
         over its ``action_dim`` tokens. Actions are tokenised with the checkpoint's
         ``unnorm_key`` statistics (q01..q99 to [-1, 1], clipped, 256 bins)."""
-        inputs = self._inputs(obs)
+        inputs = self._inputs(obs, critic=False)
         expert = np.asarray(actions.detach().cpu() if isinstance(actions, torch.Tensor) else actions)[:, 0]
         tokens = torch.as_tensor(self.action_tokenizer.encode_actions(expert, self.action_stats), device=self.device)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
@@ -409,16 +417,6 @@ class OpenVLAPolicy(nn.Module):
         return losses.view(-1, n).mean(-1), {
             "train/sft/token_accuracy": float((predicted == tokens).float().mean()),
             "train/sft/action_l1": float(np.abs(decoded - expert).mean())}
-
-
-def _privileged_value_dim(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvSpec]) -> int:
-    if model_cfg.value_input != "privileged_states":
-        return 0
-    if env_spec is None or "privileged_states" not in env_spec.obs_shapes:
-        raise ValueError("model.value_input=privileged_states: the env gives no privileged states; set "
-                         "env.privileged_states=true (families that support it: ManiSkill, robosuite, Meta-World, "
-                         "Fetch)")
-    return int(env_spec.obs_shapes["privileged_states"][0])
 
 
 def ensure_tiny_checkpoint(path: str, action_dim: int, image_size: int = 224) -> None:
@@ -459,7 +457,8 @@ def build_openvla_policy(model_cfg: OpenVLAPolicyConfig, env_spec: Optional[EnvS
         gradient_checkpointing=bool(model_cfg.gradient_checkpointing),
         value_head_hidden_sizes=tuple(model_cfg.value_head_hidden_sizes),
         store_raw_images=bool(model_cfg.store_raw_images),
-        privileged_value_dim=_privileged_value_dim(model_cfg, env_spec),
+        privileged_value_dim=privileged_value_dim(model_cfg, env_spec),
+        value_head=model_cfg.builds_value_head(),
         image_preprocessing=model_cfg.image_preprocessing,
     )
     check_action_chunk(env_spec, "OpenVLA", chunk=1, action_dim=policy.action_dim, exact=True,

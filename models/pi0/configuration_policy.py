@@ -41,7 +41,10 @@ class Pi0PolicyConfig(ModelConfig):
     num_steps: Optional[int] = None  # denoising steps; None: the checkpoint's num_inference_steps
     noise_level: float = 0.5  # flow_sde: scale of the SDE's noise
     noise_std_bounds: List[float] = field(default_factory=lambda: [0.08, 0.16])  # flow_noise: [low, high]
-    value_input: str = "expert"  # the value head reads the action expert ("expert") or the prefix
+    # what the value head reads: the action expert ("expert"), the prefix, or the env's privileged
+    # state vector ("privileged_states", with env.privileged_states=true: an asymmetric critic that
+    # sees the simulator's state while the policy sees images and proprioception; training only)
+    value_input: str = "expert"
     value_head_hidden_sizes: List[int] = field(default_factory=lambda: [512, 128])
     noise_head_hidden_sizes: List[int] = field(default_factory=lambda: [128, 64])
     # observation keys filling the checkpoint's cameras in order; keys the env lacks are left out,
@@ -80,7 +83,7 @@ class Pi0PolicyConfig(ModelConfig):
         require(self.lora.dropout == 0.0 and "all-linear" not in self.lora.target_modules,
                 f"model.lora: dropout {self.lora.dropout} and target_modules {list(self.lora.target_modules)}: Pi0 "
                 "takes module names (dropout would make the actor's re-scoring differ from the rollout's draw)")
-        choice(self.value_input, "model.value_input", ("expert", "prefix"))
+        choice(self.value_input, "model.value_input", ("expert", "prefix", "privileged_states"))
         bound(self.num_steps, "model.num_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 4",
               null="for the checkpoint's own number")
         bound(self.noise_level, "model.noise_level", lambda v: v > 0, "must be > 0", "use e.g. 0.5")

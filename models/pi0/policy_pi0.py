@@ -6,10 +6,13 @@ env's ``num_action_chunks``) of the real ``action_dim`` dimensions. ``predict`` 
 ``forward_inputs`` with the camera frames, prompt and state, so that ``evaluate`` re-scores that
 same chain under the current weights (``models/pi0/chain.py``).
 
-Value: a head on the action expert's output (default) or on the prefix (``value_input``). The
-expert's output depends on the noisy chunk it is given; the value reads it for a fixed probe
-(zero chunk at t=1, averaged over the executed action tokens), so V depends on the observation
-alone and is the same whether it is asked during sampling, for bootstrapping or in training.
+Value: a head on the action expert's output (default), on the prefix, or on the env's
+privileged state vector (``value_input``). The expert's output depends on the noisy chunk it is
+given; the value reads it for a fixed probe (zero chunk at t=1, averaged over the executed action
+tokens), so V depends on the observation alone and is the same whether it is asked during
+sampling, for bootstrapping or in training. The privileged critic (``env.privileged_states``)
+sees the simulator's state, which the policy never does; it is a training device: evaluation
+and the supervised loss run without it, and a value-free run builds no head at all.
 """
 
 from __future__ import annotations
@@ -21,14 +24,23 @@ from torch import nn
 
 from embodied_async.data import PolicyOutput
 from embodied_async.normalization import InputStatistics
-from models.common import as_tensor, head_output, inference, make_mlp
-from models.vla import check_action_chunk, check_tiny_image_size, compute_dtype, inject_lora, make_tiny_once
+from models.common import as_tensor, head_output, inference, make_mlp, zero_values
+from models.vla import (
+    check_action_chunk,
+    check_tiny_image_size,
+    compute_dtype,
+    inject_lora,
+    make_tiny_once,
+    privileged_states_input,
+    privileged_value_dim,
+    privileged_value_head,
+)
 
 from .chain import ChainSettings, chain_log_prob, sample_chain
 from .modeling_pi0 import Pi0Model
 from .processing_pi0 import ACTION_KEY, STATE_KEY, Normalization, camera_images, pad_to, prompt_tokens
 
-VALUE_INPUTS = ("expert", "prefix")
+VALUE_INPUTS = ("expert", "prefix", "privileged_states")
 LORA_PARTS = ("paligemma", "expert")
 
 
@@ -55,7 +67,7 @@ class Pi0Policy(nn.Module):
                  noise_head_hidden_sizes: Sequence[int] = (128, 64),
                  lora_rank: int = 0, lora_alpha: float = 32, lora_targets: Sequence[str] = (),
                  lora_parts: Sequence[str] = LORA_PARTS, lora_init=True, gradient_checkpointing: bool = False,
-                 pad_after_scaling: bool = False):
+                 pad_after_scaling: bool = False, privileged_value_dim: int = 0, value_head: bool = True):
         super().__init__()
         if value_input not in VALUE_INPUTS:
             raise ValueError(f"value_input={value_input!r}; use one of {VALUE_INPUTS}")
@@ -72,8 +84,18 @@ class Pi0Policy(nn.Module):
                                              for key, name in self._stat_buffers.items()})
         self.camera_keys, self.value_input, self.pad_after_scaling = list(camera_keys), value_input, pad_after_scaling
         dtype = model.action_out_proj.weight.dtype
-        width = arch.expert.width if value_input == "expert" else arch.vlm.width
-        self.value_head = make_mlp(width, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
+        if value_input == "privileged_states" and value_head and privileged_value_dim < 1:
+            raise ValueError("value_input='privileged_states' needs privileged_value_dim: the size of the env's "
+                             "privileged state vector")
+        self.privileged_value = value_head and value_input == "privileged_states"
+        hidden_sizes = list(value_head_hidden_sizes)
+        if not value_head:  # a value-free run (algorithm.adv_type=grpo): zero values, nothing to train
+            self.value_head = None
+        elif self.privileged_value:
+            self.value_head = privileged_value_head(privileged_value_dim, hidden_sizes, dtype)
+        else:
+            width = arch.expert.width if value_input == "expert" else arch.vlm.width
+            self.value_head = make_mlp(width, hidden_sizes, 1, "gelu", out_std=1.0).to(dtype)
         self.noise_head = None
         if settings.method == "flow_noise":
             self.noise_head = make_mlp(arch.expert.width, list(noise_head_hidden_sizes), arch.max_action_dim, "tanh",
@@ -115,8 +137,9 @@ class Pi0Policy(nn.Module):
         return self.model.action_out_proj.weight.device
 
     # ---- inputs ----------------------------------------------------------------------------
-    def observation_inputs(self, obs) -> Dict[str, torch.Tensor]:
-        """What re-scoring needs besides the chain: raw frames, prompt ids, padded state."""
+    def observation_inputs(self, obs, critic: bool = True) -> Dict[str, torch.Tensor]:
+        """What re-scoring needs besides the chain: raw frames, prompt ids, padded state (and, for a
+        privileged critic, the env's privileged state: needed when ``critic``, kept when given)."""
         arch, device = self.model.arch, self.device
         inputs = {f"camera_{i}": as_tensor(obs[key], dtype=torch.uint8, device=device)
                   for i, key in enumerate(self.camera_keys)}
@@ -124,6 +147,8 @@ class Pi0Policy(nn.Module):
         state = as_tensor(obs["states"], device=device)
         state = self.normalization.normalize(state, STATE_KEY, "STATE")
         inputs.update(tokens=tokens.to(device), token_mask=mask.to(device), state=pad_to(state, arch.max_state_dim))
+        if self.privileged_value and (critic or "privileged_states" in obs):
+            inputs["privileged_states"] = privileged_states_input(obs, self.device)
         return inputs
 
     def _prefix(self, inputs: Dict[str, torch.Tensor]):
@@ -146,7 +171,11 @@ class Pi0Policy(nn.Module):
         cache, hidden = self.model.run_prefix(embs, pad, blocks)
         return (cache, pad), hidden
 
-    def _value(self, prefix, prefix_hidden, state: torch.Tensor) -> torch.Tensor:
+    def _value(self, prefix, prefix_hidden, state: torch.Tensor, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.value_head is None or (self.privileged_value and "privileged_states" not in inputs):
+            return zero_values(state)  # value-free, or an evaluation without the critic's input
+        if self.privileged_value:
+            return head_output(self.value_head, inputs["privileged_states"])
         if self.value_input == "prefix":  # mean over the valid prefix tokens
             valid = prefix[1][..., None].to(prefix_hidden.dtype)
             features = (prefix_hidden * valid).sum(1) / valid.sum(1).clamp_min(1)
@@ -164,23 +193,28 @@ class Pi0Policy(nn.Module):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         arch, settings = self.model.arch, self.settings
         with inference(self):
-            inputs = self.observation_inputs(obs)
+            inputs = self.observation_inputs(obs, critic=mode == "train")
             prefix, hidden = self._prefix(inputs)
             state = inputs["state"]
             noise = torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim, device=self.device)
             method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
             drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head)
-            values = self._value(prefix, hidden, state)
+            values = self._value(prefix, hidden, state, inputs)
         actions = self.normalization.unnormalize(drawn["actions"][:, :settings.executed_actions, :settings.action_dim]
                                                  .float(), ACTION_KEY, "ACTION")
         inputs.update(chain=drawn["chain"].float(), stochastic_step=drawn["stochastic_step"])
         return PolicyOutput(actions=actions, logprobs=drawn["logprob"], values=values, forward_inputs=inputs)
 
     def value(self, obs) -> torch.Tensor:
+        """Values [B]; a privileged critic or none needs no pass through the model."""
         with inference(self):
+            if self.value_head is None:
+                return torch.zeros(len(obs["task_descriptions"]), dtype=torch.float32, device=self.device)
+            if self.privileged_value:
+                return head_output(self.value_head, privileged_states_input(obs, self.device))
             inputs = self.observation_inputs(obs)
             prefix, hidden = self._prefix(inputs)
-            return self._value(prefix, hidden, inputs["state"])
+            return self._value(prefix, hidden, inputs["state"], inputs)
 
     def evaluate(self, forward_inputs: Dict[str, torch.Tensor], actions=None
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -191,7 +225,7 @@ class Pi0Policy(nn.Module):
         state = inputs["state"]
         logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"], inputs["stochastic_step"],
                                            self.settings, self.noise_head)
-        return logprobs, entropy, self._value(prefix, hidden, state)
+        return logprobs, entropy, self._value(prefix, hidden, state, inputs)
 
 
     def supervised_loss(self, obs, actions, action_pad) -> Tuple[torch.Tensor, Dict[str, float]]:
@@ -199,7 +233,7 @@ class Pi0Policy(nn.Module):
         action size, time ~ Beta(1.5, 1) scaled into [0.001, 1], squared error of the velocity;
         actions past the episode's end count as zeros in the mean. One value per sample."""
         arch = self.model.arch
-        inputs = self.observation_inputs(obs)
+        inputs = self.observation_inputs(obs, critic=False)
         prefix, _ = self._prefix(inputs)
         target = self.normalization.normalize(as_tensor(actions, device=self.device), ACTION_KEY, "ACTION")
         target = pad_to(target[:, :arch.chunk_size], arch.max_action_dim)
@@ -301,4 +335,7 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
                      lora_rank=int(lora.rank) if lora.enabled else 0, lora_alpha=float(lora.alpha),
                      lora_targets=list(lora.target_modules), lora_parts=list(lora.parts), lora_init=lora.init_weights,
                      gradient_checkpointing=model_cfg.gradient_checkpointing,
-                     pad_after_scaling=model_cfg.pad_after_scaling)
+                     pad_after_scaling=model_cfg.pad_after_scaling,
+                     privileged_value_dim=privileged_value_dim(model_cfg, env_spec),
+                     value_head=model_cfg.builds_value_head())
+

@@ -302,3 +302,31 @@ def test_supervised_and_init_from_settings_are_checked_at_start_up(make_config, 
     cfg = make_config("runner.mode=sft", f"dataset.root={tmp_path}", "actor.global_batch_size=7",
                       "actor.micro_batch_size=7")
     assert cfg.runner.mode == "sft"  # a supervised batch need not divide a rollout batch
+
+
+def test_group_relative_and_demonstration_settings_are_checked_at_start_up(make_config, tmp_path):
+    grpo = ["algorithm.adv_type=grpo", "rollout.num_steps=12"]
+    with pytest.raises(ConfigError, match="algorithm.adv_type='ppo' is not allowed"):
+        make_config("algorithm.adv_type=ppo")
+    with pytest.raises(ConfigError, match="algorithm.group_size=1 must be >= 2"):
+        make_config(*grpo)
+    # 4 sub-envs over 2 env processes: a policy batch of 2 cannot hold a group of 4
+    with pytest.raises(ConfigError, match="algorithm.group_size=4: every policy batch .* a multiple of 8"):
+        make_config(*grpo, "algorithm.group_size=4")
+    with pytest.raises(ConfigError, match="actor.critic_warmup_steps=5 .* no critic to warm up"):
+        make_config(*grpo, "algorithm.group_size=2", "actor.critic_warmup_steps=5")
+    with pytest.raises(ConfigError, match="model.add_value_head=True .* builds no critic"):
+        make_config(*grpo, "algorithm.group_size=2", "model.add_value_head=true")
+    with pytest.raises(ConfigError, match="model.add_value_head=False .* GAE needs the critic"):
+        make_config("model.add_value_head=false")
+    # 8 decisions of one action cannot hold a 10-step episode
+    with pytest.raises(ConfigError, match="env.max_episode_steps=10; set rollout.num_steps to at least 10"):
+        make_config("algorithm.adv_type=grpo", "algorithm.group_size=2")
+    assert make_config(*grpo, "algorithm.group_size=2").model.add_value_head is False
+    assert make_config().model.add_value_head is True
+    with pytest.raises(ConfigError, match="algorithm.demo_loss_coef=0.1 needs demonstrations: set dataset.root"):
+        make_config("algorithm.demo_loss_coef=0.1")
+    with pytest.raises(ConfigError, match="algorithm.demo_loss_coef=-1.0 must be >= 0"):
+        make_config("algorithm.demo_loss_coef=-1.0")
+    with pytest.raises(ConfigError, match="algorithm.demo_batch_size=0"):
+        make_config("algorithm.demo_loss_coef=0.1", f"dataset.root={tmp_path}", "algorithm.demo_batch_size=0")
