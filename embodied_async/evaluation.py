@@ -82,9 +82,10 @@ def failures_allowed(num_episodes: int, target: float) -> int:
 
 
 def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: Optional[int] = None,
-                 stop_below: Optional[float] = None) -> EvalResult:
+                 stop_below: Optional[float] = None, mode: str = "eval") -> EvalResult:
     """Run ``num_episodes`` episodes, the same number on every sub-env, with ``policy.predict(obs,
-    mode="eval")``; record the first episode of sub-envs ``0 .. video_episodes - 1``.
+    mode)`` (``"eval"``: the deterministic decision rule; ``"train"``: the sampled policy RL
+    trains); record the first episode of sub-envs ``0 .. video_episodes - 1``.
 
     ``stop_below``: stop once the rounds every sub-env has completed hold more failures than a
     success rate of ``stop_below`` over all ``num_episodes`` allows (those episodes are part of the
@@ -106,7 +107,7 @@ def run_episodes(policy, env, num_episodes: int, video_episodes: int = 0, seed: 
     recording = [True] * recorded
     while counts.min() < per_env:
         obs = {k: v for k, v in out.obs.items() if k != VIDEO_KEY}
-        actions = policy.predict(obs, mode="eval").actions
+        actions = policy.predict(obs, mode=mode).actions
         actions = actions.float().cpu().numpy() if hasattr(actions, "cpu") else np.asarray(actions)
         out = env.step(actions)
         step_rewards = np.where(np.isfinite(out.rewards), out.rewards, 0.0)

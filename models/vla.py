@@ -13,8 +13,9 @@ from torch import nn
 
 from embodied_async.config.schema import PRECISIONS
 from embodied_async.contracts import EnvSpec
+from embodied_async.normalization import RunningNorm
 from models.checkpoints import make_once
-from models.common import as_tensor, make_mlp
+from models.common import as_tensor, head_output, make_mlp
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -80,10 +81,23 @@ def privileged_value_dim(model_cfg, env_spec) -> int:
     return int(env_spec.obs_shapes["privileged_states"][0])
 
 
-def privileged_value_head(dim: int, hidden_sizes, dtype: torch.dtype) -> nn.Sequential:
-    """The asymmetric critic's head: layer norm (the state's entries differ in scale by orders of
-    magnitude) and an MLP to one value."""
-    return nn.Sequential(nn.LayerNorm(dim), *make_mlp(dim, list(hidden_sizes), 1, "gelu", out_std=1.0)).to(dtype)
+class PrivilegedValueHead(nn.Module):
+    """The asymmetric critic's head: the env's privileged state vector, normalised per entry with
+    the run's running statistics (a ``RunningNorm``: observed by the rollout, merged and published
+    by the actor, like a state policy's; the entries differ in scale by orders of magnitude), then
+    an MLP to one value."""
+
+    def __init__(self, dim: int, hidden_sizes, dtype: torch.dtype):
+        super().__init__()
+        self.normalizer = RunningNorm(dim)
+        self.mlp = make_mlp(dim, list(hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
+
+    def observe(self, states: torch.Tensor) -> None:
+        """The rollout's side (a decision in training): record the states' moments for the actor."""
+        self.normalizer.observe(states)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return head_output(self.mlp, self.normalizer(states.float()))
 
 
 def privileged_states_input(obs, device) -> torch.Tensor:

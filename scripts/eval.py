@@ -69,6 +69,9 @@ def _parse(argv):
                         help="env seed (default: the run's evaluation seed, not its training episodes)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--json", default=None, help="also write the report to this file")
+    parser.add_argument("--sampled", action="store_true",
+                        help="act with the sampled policy (the one RL trains; seeded by --seed) instead of the "
+                             "deterministic decision rule (greedy tokens, flow_ode, the Gaussian's mean)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     if args.episodes < 1:
@@ -226,14 +229,17 @@ def evaluate(cfg, checkpoint, args) -> dict:
             except (CheckpointError, KeyError, ValueError) as err:
                 raise EvalError(f"cannot load {checkpoint}: {err}") from None
         print(f"[eval] running {args.episodes} episodes", flush=True)
-        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=seed)
+        torch.manual_seed(seed)  # the sampled policy's draws repeat with the episodes
+        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=seed,
+                              mode="train" if args.sampled else "eval")
     finally:
         env.close()
     paths = write_videos(result.videos, args.video_dir, cfg.runner.eval_video_fps) if args.video_dir else []
     summary = result.summary(env.spec.reports_success)
     task = getattr(cfg.env, "task_id", None) or getattr(cfg.env, "task", None) or cfg.env.name
     report = {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
-              "task": task, "seed": seed, **summary, "episode_successes": result.successes, "videos": paths,
+              "task": task, "seed": seed, "decision_rule": "sampled" if args.sampled else "deterministic",
+              **summary, "episode_successes": result.successes, "videos": paths,
               "seconds": round(time.time() - started, 1)}
     return _json_safe(report)
 

@@ -5,17 +5,22 @@
    evaluated beside training every ``runner.val_check_interval`` steps;
 3. ``eval_sft``: the SFT checkpoint on ``--eval-episodes`` episodes (``eval.py``: greedy tokens
    for OpenVLA, ``flow_ode`` for Pi0);
-4. ``rl``: async PPO from that checkpoint (``model.init_from``, the ``maniskill_miniature_ppo_*``
-   recipe), evaluated beside training;
-5. ``eval_rl``: the last RL checkpoint on the same episode seeds;
+4. ``rl_seed<S>``: async PPO from that checkpoint (``model.init_from``, the
+   ``maniskill_miniature_ppo_*`` recipe, ``runner.seed=S``), evaluated beside training, once per
+   seed of ``--rl-seeds`` (default: ``--seed``);
+5. ``eval_rl_seed<S>``: that run's last checkpoint on the same episode seeds;
 
-and writes ``<out>/record.json`` and ``<out>/record.png`` (success against SFT steps, then against
-RL env steps, Wilson 95 % intervals), with each phase's wall time, the policy's inference and
-training cost per decision and where the RL phase's time went.
+Every evaluation scores both the deterministic decision rule and the sampled policy (the one RL
+trains): the two can disagree. It writes ``<out>/record_seed<S>.json`` per RL seed (the SFT
+checkpoint's and that run's evaluations, Wilson 95 % intervals, the curves, each phase's wall time,
+the policy's inference and training cost per decision, where the RL phase's time went) and
+``<out>/record.json`` / ``record.png``: every seed, the mean gain over the seeds with a bootstrap
+95 % interval, the SFT curve and every seed's RL curve.
 
     .venv/bin/python scripts/miniature.py openvla            # or pi0
     .venv/bin/python scripts/miniature.py openvla env=maniskill_pickcube_rgb_ee --out logs/miniature_openvla_pick
     .venv/bin/python scripts/miniature.py pi0 --record benchmarks   # also copy the record there, dated
+    .venv/bin/python scripts/miniature.py openvla --rl-seeds 0 1 2    # one SFT checkpoint, three RL runs
 
 ``key=value`` overrides apply to every phase (``env=...``, ``env.*``, ``model.*``); ``sft:key=value``
 or ``rl:key=value`` to one training phase only. A phase that finished is not run again when the
@@ -44,7 +49,9 @@ from typing import Dict, List, Sequence
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-PHASES = ("collect", "sft", "eval_sft", "rl", "eval_rl")
+SFT_PHASES = ("collect", "sft", "eval_sft")
+RL_PHASES = ("rl", "eval_rl")  # once per RL seed: rl_seed<S>, eval_rl_seed<S>
+DECISION_RULES = ("deterministic", "sampled")
 STATE_FILE = "pipeline.json"
 EVAL_SEED = 20_260_000  # the episode seeds both evaluations share
 
@@ -117,12 +124,31 @@ def _parse(argv):
     parser.add_argument("--rl-updates", type=int, default=None, help="PPO updates (default: the recipe's)")
     parser.add_argument("--eval-episodes", type=int, default=None,
                         help=f"episodes of each evaluation before and after RL (default {FULL.eval_episodes})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and both training runs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and the training runs")
+    parser.add_argument("--rl-seeds", metavar="SEED", default=None,
+                        help="--rl-seeds S [S ...]: run the RL phase and its evaluation once per seed, from the one "
+                             "SFT checkpoint (default: --seed)")
     parser.add_argument("--smoke", action="store_true", help="a few demonstrations, SFT steps and one RL update")
     parser.add_argument("--restart", action="store_true", help="discard the phases a previous run finished")
     parser.add_argument("--record", default=None, help="also copy record.json/.png into this folder, dated")
     parser.add_argument("overrides", nargs="*", help="key=value (every phase), sft:key=value, rl:key=value")
-    return parser.parse_intermixed_args(argv)
+    argv, rl_seeds = _take_rl_seeds(list(sys.argv[1:] if argv is None else argv), parser)
+    args = parser.parse_intermixed_args(argv)
+    args.rl_seeds = rl_seeds
+    return args
+
+
+def _take_rl_seeds(argv: List[str], parser):
+    """``--rl-seeds`` and the integers after it (key=value overrides may follow them)."""
+    if "--rl-seeds" not in argv:
+        return argv, None
+    at = argv.index("--rl-seeds")
+    end = at + 1
+    while end < len(argv) and re.fullmatch(r"-?\d+", argv[end]):
+        end += 1
+    if end == at + 1:
+        parser.error("--rl-seeds needs one or more integer seeds, e.g. --rl-seeds 0 1 2")
+    return argv[:at] + argv[end:], [int(v) for v in argv[at + 1:end]]
 
 
 class Pipeline:
@@ -139,6 +165,8 @@ class Pipeline:
             if value < 1:
                 raise PipelineError(f"{name} must be >= 1, not {value}")
         self.common, self.sft_only, self.rl_only = split_overrides(args.overrides)
+        self.rl_seeds = list(dict.fromkeys(args.rl_seeds if args.rl_seeds is not None else [args.seed]))
+        self.phases = [*SFT_PHASES, *(f"{phase}_seed{seed}" for seed in self.rl_seeds for phase in RL_PHASES)]
         self.out = os.path.abspath(args.out or os.path.join(REPO_ROOT, "logs", f"miniature_{args.family}"))
         for recipe in (self.family.sft_recipe, self.family.rl_recipe):
             if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{recipe}.yaml")):
@@ -153,11 +181,15 @@ class Pipeline:
     def run(self) -> None:
         updates = self.sizes.rl_updates or "the recipe's"
         print(f"[miniature] {self.args.family}: {self.sizes.demos} demonstrations, {self.sizes.sft_steps} SFT steps, "
-              f"{updates} PPO updates, {self.sizes.eval_episodes} evaluation episodes "
+              f"{updates} PPO updates per RL seed {self.rl_seeds}, {self.sizes.eval_episodes} evaluation episodes "
               f"before and after RL; in {self.out}", flush=True)
         started = time.time()
-        changed = False  # a phase whose settings changed runs again, and so does every phase after it
-        for phase in PHASES:
+        # a phase whose settings changed runs again, and so does every phase after it that stands on
+        # it (each RL seed's phases stand on SFT's, not on another seed's)
+        changed = sft_changed = False
+        for phase in self.phases:
+            if phase.startswith("rl_seed"):
+                changed = sft_changed
             earlier = self.state["phases"].get(phase)
             settings = self._phase_settings(phase)
             if earlier is not None and not changed and earlier.get("settings") == settings:
@@ -170,16 +202,20 @@ class Pipeline:
             self.state["phases"].pop(phase, None)
             print(f"[miniature] {phase}: starting", flush=True)
             phase_start = time.time()
-            result = getattr(self, f"_{phase}")()
+            base, _, seed = phase.partition("_seed")
+            result = getattr(self, f"_{base}")(int(seed)) if seed else getattr(self, f"_{phase}")()
             result["seconds"] = round(time.time() - phase_start, 1)
             result["settings"] = settings
             self.state["phases"][phase] = result
             self._save_state()
             print(f"[miniature] {phase}: done in {result['seconds']:.0f} s", flush=True)
-        record = build_record(self.out, self.state, self.args.family, self.family, self.sizes)
-        write_record(record, self.out)
+            sft_changed = sft_changed or phase in SFT_PHASES
+        records = [build_record(self.out, self.state, self.args.family, self.family, self.sizes, seed)
+                   for seed in self.rl_seeds]
+        record = summary_record(records)
+        write_record(record, records, self.out)
         if self.args.record:
-            copy_record(self.out, self.args.record, record)
+            copy_record(self.out, self.args.record, record, records)
         print(summary_line(record) + f"; record: {os.path.join(self.out, 'record.json')} / .png "
               f"({time.time() - started:.0f} s in this command)", flush=True)
 
@@ -205,17 +241,19 @@ class Pipeline:
     def _eval_sft(self) -> Dict:
         return self._evaluate("eval_sft", self.state["phases"]["sft"]["checkpoint"])
 
-    def _rl(self) -> Dict:
-        log = os.path.join(self.out, "rl")
-        overrides = [f"model.init_from={self.state['phases']['sft']['checkpoint']}", f"runner.seed={self.args.seed}",
-                     *self._smoke_overrides(SMOKE_RL), *self.common, *self.rl_only]
+    def _rl(self, seed: int) -> Dict:
+        log = os.path.join(self.out, f"rl_seed{seed}")
+        # dataset.root: the SFT run's demonstrations, for algorithm.demo_loss_coef (unread without it)
+        overrides = [f"model.init_from={self.state['phases']['sft']['checkpoint']}", f"runner.seed={seed}",
+                     f"dataset.root={os.path.join(self.out, 'demos')}", *self._smoke_overrides(SMOKE_RL),
+                     *self.common, *self.rl_only]
         if self.sizes.rl_updates:
             overrides.insert(1, f"runner.max_steps={self.sizes.rl_updates}")
-        self._train("rl", self.family.rl_recipe, log, overrides)
-        return {"log": log, "checkpoint": last_checkpoint(log)}
+        self._train(f"rl_seed{seed}", self.family.rl_recipe, log, overrides)
+        return {"log": log, "checkpoint": last_checkpoint(log), "rl_seed": seed}
 
-    def _eval_rl(self) -> Dict:
-        return self._evaluate("eval_rl", self.state["phases"]["rl"]["checkpoint"])
+    def _eval_rl(self, seed: int) -> Dict:
+        return self._evaluate(f"eval_rl_seed{seed}", self.state["phases"][f"rl_seed{seed}"]["checkpoint"])
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -229,17 +267,24 @@ class Pipeline:
         self._call(phase, command)
 
     def _evaluate(self, phase: str, checkpoint: str) -> Dict:
-        report = os.path.join(self.out, f"{phase}.json")
-        episodes = self.sizes.eval_episodes
-        num_envs = max(d for d in range(1, 9) if episodes % d == 0)
-        command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), checkpoint, "--episodes",
-                   str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
-                   "--json", report]
-        self._call(phase, command)
-        with open(report) as f:
-            result = json.load(f)
-        return {key: result[key] for key in ("checkpoint", "episodes", "success_rate", "success_rate_ci95",
-                                             "episode_length", "episode_return", "seed", "episode_successes")}
+        """The checkpoint on the shared episode seeds, with the deterministic decision rule (the
+        phase's result) and with the sampled policy (under ``sampled``)."""
+        results = {}
+        for rule in DECISION_RULES:
+            name = phase if rule == "deterministic" else f"{phase}_sampled"
+            report = os.path.join(self.out, f"{name}.json")
+            episodes = self.sizes.eval_episodes
+            num_envs = max(d for d in range(1, 9) if episodes % d == 0)
+            command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), checkpoint, "--episodes",
+                       str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
+                       "--json", report, *(["--sampled"] if rule == "sampled" else [])]
+            self._call(name, command)
+            with open(report) as f:
+                result = json.load(f)
+            results[rule] = {key: result[key] for key in ("checkpoint", "episodes", "success_rate", "success_rate_ci95",
+                                                          "episode_length", "episode_return", "seed",
+                                                          "episode_successes")}
+        return {**results["deterministic"], "sampled": results["sampled"]}
 
     def _call(self, phase: str, command: List[str]) -> None:
         """Run ``command``, its output shown and kept in ``<out>/<phase>.log``."""
@@ -269,13 +314,15 @@ class Pipeline:
     def _phase_settings(self, phase: str) -> Dict:
         """What a phase's result depends on besides the phases before it."""
         sizes = self.sizes
+        base, _, seed = phase.partition("_seed")
+        if seed:  # an RL seed's phases depend on SFT's, not on the other seeds'
+            return {"rl": {"updates": sizes.rl_updates, "overrides": self.rl_only, "seed": int(seed)},
+                    "eval_rl": {"episodes": sizes.eval_episodes, "rules": list(DECISION_RULES)}}[base]
         return {
             "collect": {"family": self.args.family, "demos": sizes.demos, "seed": self.args.seed,
                         "smoke": self.args.smoke, "overrides": self.common},
             "sft": {"steps": sizes.sft_steps, "overrides": self.sft_only},
-            "eval_sft": {"episodes": sizes.eval_episodes},
-            "rl": {"updates": sizes.rl_updates, "overrides": self.rl_only},
-            "eval_rl": {"episodes": sizes.eval_episodes},
+            "eval_sft": {"episodes": sizes.eval_episodes, "rules": list(DECISION_RULES)},
         }[phase]
 
     def _load_state(self) -> Dict:
@@ -398,12 +445,16 @@ def decision_costs(records: List[Dict], actions_per_decision: int, update_epochs
     }
 
 
-def build_record(out: str, state: Dict, family_name: str, family: Family, sizes: Sizes) -> Dict:
+def build_record(out: str, state: Dict, family_name: str, family: Family, sizes: Sizes, rl_seed: int) -> Dict:
+    """One RL seed's record: the SFT checkpoint's and that run's evaluations (both decision rules),
+    the curves, the phases' times and the RL run's costs."""
     phases = state["phases"]
-    sft_cfg, rl_cfg = run_config(phases["sft"]["log"]), run_config(phases["rl"]["log"])
-    sft_records, rl_records = read_metrics(phases["sft"]["log"]), read_metrics(phases["rl"]["log"])
-    before, after = phases["eval_sft"], phases["eval_rl"]
-    seconds = {name: phases[name]["seconds"] for name in PHASES}
+    rl, eval_rl = phases[f"rl_seed{rl_seed}"], phases[f"eval_rl_seed{rl_seed}"]
+    sft_cfg, rl_cfg = run_config(phases["sft"]["log"]), run_config(rl["log"])
+    sft_records, rl_records = read_metrics(phases["sft"]["log"]), read_metrics(rl["log"])
+    before = phases["eval_sft"]
+    seconds = {name: phases[name]["seconds"] for name in (*SFT_PHASES, f"rl_seed{rl_seed}", f"eval_rl_seed{rl_seed}")}
+    seconds = {name.replace(f"_seed{rl_seed}", ""): value for name, value in seconds.items()}
     total = sum(seconds.values())
     env_cfg = rl_cfg.get("env", {})
     return {
@@ -411,25 +462,65 @@ def build_record(out: str, state: Dict, family_name: str, family: Family, sizes:
         "machine": machine(),
         "family": family_name,
         "task": env_cfg.get("task_id") or env_cfg.get("task") or env_cfg.get("name"),
+        "rl_seed": rl_seed,
         "env": {k: env_cfg.get(k) for k in ("name", "task_id", "obs_mode", "image_size", "control_mode",
                                              "max_episode_steps") if k in env_cfg},
         "recipes": {"sft": family.sft_recipe, "rl": family.rl_recipe},
         "settings": {"family": family_name, **dataclasses.asdict(sizes),
-                     **{f"{name}_settings": phases[name]["settings"] for name in ("collect", "sft", "rl")}},
+                     **{f"{name}_settings": phases[name]["settings"] for name in ("collect", "sft")},
+                     "rl_settings": rl["settings"]},
         "demonstrations": {k: phases["collect"][k] for k in ("episodes", "frames")},
-        "evaluation": {"decision_rule": family.decision_rule, "episodes": sizes.eval_episodes,
-                       "seed": before["seed"], "before_rl": _eval_entry(before), "after_rl": _eval_entry(after),
-                       "gain": round(after["success_rate"] - before["success_rate"], 3),
-                       "intervals_disjoint": after["success_rate_ci95"][0] > before["success_rate_ci95"][1]},
+        "evaluation": {**evaluation_pair(before, eval_rl, family.decision_rule, sizes.eval_episodes),
+                       "sampled": evaluation_pair(before.get("sampled"), eval_rl.get("sampled"), "sampled policy",
+                                                  sizes.eval_episodes)},
         "sft_curve": curve(sft_records, "step", sft_cfg.get("runner", {}).get("eval_episodes", 0)),
         "rl_curve": curve(rl_records, "env_steps", rl_cfg.get("runner", {}).get("eval_episodes", 0)),
         "rl_env_steps": rl_records[-1]["env_steps"] if rl_records else 0,
         "rl_updates": rl_records[-1]["step"] if rl_records else 0,
         "phase_seconds": seconds,
         "total_seconds": round(total, 1),
-        "phase_share": {name: round(s / total, 3) for name, s in seconds.items()} if total else {},
+        "phase_share": {name: round(value / total, 3) for name, value in seconds.items()} if total else {},
         "rl_costs": decision_costs(rl_records, int(env_cfg.get("num_action_chunks", 1) or 1),
                                    int(rl_cfg.get("algorithm", {}).get("update_epochs", 1))),
+    }
+
+
+def evaluation_pair(before: Dict, after: Dict, rule: str, episodes: int) -> Dict:
+    """Before and after RL under one decision rule, the gain and whether the intervals are disjoint."""
+    if not before or not after:
+        return {}
+    return {"decision_rule": rule, "episodes": episodes, "seed": before["seed"], "before_rl": _eval_entry(before),
+            "after_rl": _eval_entry(after), "gain": round(after["success_rate"] - before["success_rate"], 3),
+            "intervals_disjoint": after["success_rate_ci95"][0] > before["success_rate_ci95"][1]}
+
+
+def bootstrap_mean(values: Sequence[float], draws: int = 10_000, seed: int = 0) -> Dict:
+    """The mean of ``values`` with a percentile bootstrap 95 % interval (resampling the values)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    means = np.random.default_rng(seed).choice(values, size=(draws, len(values))).mean(axis=1)
+    return {"mean": round(float(values.mean()), 4), "ci95": [round(float(np.percentile(means, 2.5)), 4),
+                                                             round(float(np.percentile(means, 97.5)), 4)],
+            "n": int(len(values))}
+
+
+def summary_record(records: List[Dict]) -> Dict:
+    """Every RL seed's record and, over the seeds, the mean gain under each decision rule."""
+    first = records[0]
+    gains = {"deterministic": [r["evaluation"]["gain"] for r in records],
+             "sampled": [r["evaluation"]["sampled"]["gain"] for r in records if r["evaluation"]["sampled"]]}
+    before = first["evaluation"]["before_rl"]
+    return {
+        **{key: first[key] for key in ("date", "machine", "family", "task", "env", "recipes", "demonstrations",
+                                       "sft_curve")},
+        "rl_seeds": [r["rl_seed"] for r in records],
+        "before_rl": before,
+        "gain": {rule: bootstrap_mean(values) for rule, values in gains.items() if values},
+        # the issue's bar: each seed's after-RL success above the SFT checkpoint's interval
+        "every_seed_above_sft_interval": all(r["evaluation"]["after_rl"]["success_rate"] > before["ci95"][1]
+                                             for r in records),
+        "seeds": records,
     }
 
 
@@ -448,70 +539,88 @@ def machine() -> Dict:
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "host": platform.node()}
 
 
-def write_record(record: Dict, out: str) -> None:
+def write_record(record: Dict, records: List[Dict], out: str) -> None:
+    for seed_record in records:
+        with open(os.path.join(out, f"record_seed{seed_record['rl_seed']}.json"), "w") as f:
+            json.dump(seed_record, f, indent=1)
     with open(os.path.join(out, "record.json"), "w") as f:
         json.dump(record, f, indent=1)
     write_chart(record, os.path.join(out, "record.png"))
 
 
+def _with_interval(axis, xs, points_or_entries, **style) -> None:
+    rates = [p["success_rate"] for p in points_or_entries]
+    errors = [[r - p["ci95"][0] for r, p in zip(rates, points_or_entries)],
+              [p["ci95"][1] - r for r, p in zip(rates, points_or_entries)]]
+    axis.errorbar(xs, rates, yerr=errors, capsize=3, **style)
+
+
 def write_chart(record: Dict, path: str) -> None:
+    """SFT's curve and its checkpoint's evaluation (left); every RL seed's curve and final
+    evaluation, from the SFT checkpoint at 0 env steps (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    evaluation = record["evaluation"]
-    for axis, points, x_key, label, final in (
-            (left, record["sft_curve"], "step", "SFT steps", evaluation["before_rl"]),
-            (right, record["rl_curve"], "env_steps", "RL env steps", evaluation["after_rl"])):
-        xs = [p[x_key] for p in points]
-        if points:
-            rates = [p["success_rate"] for p in points]
-            errors = [[r - p["ci95"][0] for r, p in zip(rates, points)],
-                      [p["ci95"][1] - r for r, p in zip(rates, points)]]
-            axis.errorbar(xs, rates, yerr=errors, marker="o", capsize=3,
-                          label=f"beside training ({points[0]['episodes']} episodes)")
-        end = max(xs) if xs else 0
-        low, high = final["ci95"]
-        rate = final["success_rate"]
-        axis.errorbar([end], [rate], yerr=[[rate - low], [high - rate]],
-                      marker="s", color="black", capsize=4, label=f"final, {evaluation['episodes']} episodes")
-        if x_key == "env_steps":  # RL starts from the SFT checkpoint: its evaluation at 0 env steps
-            start = evaluation["before_rl"]
-            axis.errorbar([0], [start["success_rate"]], yerr=[[start["success_rate"] - start["ci95"][0]],
-                                                              [start["ci95"][1] - start["success_rate"]]],
-                          marker="s", color="gray", capsize=4, label="the SFT checkpoint (start)")
+    before = record["before_rl"]
+    points = record["sft_curve"]
+    end = max([p["step"] for p in points], default=0)
+    if points:
+        _with_interval(left, [p["step"] for p in points], points, marker="o",
+                       label=f"beside training ({points[0]['episodes']} episodes)")
+    _with_interval(left, [end], [before], marker="s", color="black", label="the SFT checkpoint")
+    _with_interval(right, [0], [before], marker="s", color="gray", label="the SFT checkpoint (start)")
+    for index, seed_record in enumerate(record["seeds"]):
+        color = f"C{index}"
+        curve_points, after = seed_record["rl_curve"], seed_record["evaluation"]["after_rl"]
+        if curve_points:
+            _with_interval(right, [p["env_steps"] for p in curve_points], curve_points, marker="o", color=color,
+                           alpha=0.6, label=f"seed {seed_record['rl_seed']} beside training")
+        last = max([p["env_steps"] for p in curve_points], default=0)
+        _with_interval(right, [last], [after], marker="s", color=color, label=f"seed {seed_record['rl_seed']} final")
+    for axis, label in ((left, "SFT steps"), (right, "RL env steps")):
         axis.set_xlim(left=0)
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
-        axis.legend(loc="lower right", fontsize=8)
+        axis.legend(loc="lower right", fontsize=7)
     left.set_ylabel("success rate (Wilson 95 %)")
     left.set_ylim(-0.02, 1.02)
-    fig.suptitle(f"{record['family']} (tiny, random init) on {record['task']}: SFT "
-                 f"{evaluation['before_rl']['success_rate']:.2f} -> RL {evaluation['after_rl']['success_rate']:.2f}")
+    gain = record["gain"]["deterministic"]
+    fig.suptitle(f"{record['family']} (tiny, random init) on {record['task']}: SFT {before['success_rate']:.2f}, "
+                 f"mean gain {gain['mean']:+.2f} [{gain['ci95'][0]:+.2f}, {gain['ci95'][1]:+.2f}] over "
+                 f"{gain['n']} RL seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def copy_record(out: str, folder: str, record: Dict) -> None:
+def copy_record(out: str, folder: str, record: Dict, records: List[Dict]) -> None:
+    """Into ``folder``, dated: one JSON per RL seed, the summary JSON and its chart."""
     os.makedirs(folder, exist_ok=True)
     task = re.sub(r"[^A-Za-z0-9]+", "-", str(record["task"])).strip("-").lower()
     stem = os.path.join(folder, f"{record['date']}-miniature-{record['family']}-{task}")
+    for seed_record in records:
+        shutil.copyfile(os.path.join(out, f"record_seed{seed_record['rl_seed']}.json"),
+                        f"{stem}-seed{seed_record['rl_seed']}.json")
     shutil.copyfile(os.path.join(out, "record.json"), stem + ".json")
     shutil.copyfile(os.path.join(out, "record.png"), stem + ".png")
-    print(f"[miniature] record copied to {stem}.json / .png", flush=True)
+    print(f"[miniature] records copied to {stem}[-seed<S>].json / .png", flush=True)
 
 
 def summary_line(record: Dict) -> str:
-    evaluation = record["evaluation"]
-    before, after = evaluation["before_rl"], evaluation["after_rl"]
     interval = lambda e: f"{e['success_rate']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"  # noqa: E731
+    before = record["before_rl"]
+    afters = ", ".join(f"seed {r['rl_seed']} {interval(r['evaluation']['after_rl'])}" for r in record["seeds"])
+    gains = "; ".join(f"{rule} {g['mean']:+.2f} [{g['ci95'][0]:+.2f}, {g['ci95'][1]:+.2f}]"
+                      for rule, g in record["gain"].items())
+    episodes = record["seeds"][0]["evaluation"]["episodes"]
+    seconds = [r["phase_seconds"] for r in record["seeds"]]
+    minutes = (sum(seconds[0][name] for name in SFT_PHASES) + sum(s["rl"] + s["eval_rl"] for s in seconds)) / 60
     return (f"[miniature] {record['family']} on {record['task']}: success after SFT {interval(before)}, after RL "
-            f"{interval(after)} ({evaluation['episodes']} episodes each, same seeds; gain {evaluation['gain']:+.2f}, "
-            f"intervals {'disjoint' if evaluation['intervals_disjoint'] else 'overlap'}); "
-            f"{record['total_seconds'] / 60:.1f} min of phases")
+            f"{afters} ({episodes} episodes each, same seeds); mean gain over {len(record['seeds'])} RL seeds: "
+            f"{gains}; {minutes:.1f} min of phases")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from embodied_async.normalization import InputStatistics
 from models.checkpoints import resolve_checkpoint
 from models.common import as_tensor, head_output, inference, make_mlp, zero_values
 from models.vla import (
+    PrivilegedValueHead,
     check_action_chunk,
     check_tiny_image_size,
     compute_dtype,
@@ -45,7 +46,6 @@ from models.vla import (
     make_tiny_once,
     privileged_states_input,
     privileged_value_dim,
-    privileged_value_head,
 )
 
 from .action_tokenizer import ActionTokenizer, get_action_stats
@@ -152,7 +152,7 @@ class OpenVLAPolicy(nn.Module):
         if not value_head:  # a value-free run (algorithm.adv_type=grpo): zero values, nothing to train
             self.value_head = None
         elif self.privileged_value:
-            self.value_head = privileged_value_head(privileged_value_dim, value_head_hidden_sizes, dtype)
+            self.value_head = PrivilegedValueHead(privileged_value_dim, value_head_hidden_sizes, dtype)
         else:
             self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
         self.lora_enabled = lora_rank > 0
@@ -299,8 +299,11 @@ class OpenVLAPolicy(nn.Module):
         p = logp.exp()
         return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
 
-    def _value(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        return zero_values(last_hidden) if self.value_head is None else head_output(self.value_head, last_hidden)
+    def _value(self, features: torch.Tensor) -> torch.Tensor:
+        """The value head on the prompt's last hidden state or (privileged) the env's state vector."""
+        if self.value_head is None:
+            return zero_values(features)
+        return self.value_head(features) if self.privileged_value else head_output(self.value_head, features)
 
     # ------------------------------------------------------------------------------ protocol
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor,
@@ -346,6 +349,8 @@ class OpenVLAPolicy(nn.Module):
                 raise KeyError("model.value_input=privileged_states: pass extra_inputs['privileged_states'] (predict "
                                "does, from the observation)")
             forward_inputs["privileged_states"] = extra_inputs["privileged_states"]
+            if mode == "train":  # the critic's running statistics learn from what the rollout sees
+                self.value_head.observe(forward_inputs["privileged_states"])
             with inference(self):
                 values = self._value(forward_inputs["privileged_states"])
         if extra_inputs and "images" in extra_inputs:

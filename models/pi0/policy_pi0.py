@@ -26,6 +26,7 @@ from embodied_async.data import PolicyOutput
 from embodied_async.normalization import InputStatistics
 from models.common import as_tensor, head_output, inference, make_mlp, zero_values
 from models.vla import (
+    PrivilegedValueHead,
     check_action_chunk,
     check_tiny_image_size,
     compute_dtype,
@@ -33,7 +34,6 @@ from models.vla import (
     make_tiny_once,
     privileged_states_input,
     privileged_value_dim,
-    privileged_value_head,
 )
 
 from .chain import ChainSettings, chain_log_prob, sample_chain
@@ -92,7 +92,7 @@ class Pi0Policy(nn.Module):
         if not value_head:  # a value-free run (algorithm.adv_type=grpo): zero values, nothing to train
             self.value_head = None
         elif self.privileged_value:
-            self.value_head = privileged_value_head(privileged_value_dim, hidden_sizes, dtype)
+            self.value_head = PrivilegedValueHead(privileged_value_dim, hidden_sizes, dtype)
         else:
             width = arch.expert.width if value_input == "expert" else arch.vlm.width
             self.value_head = make_mlp(width, hidden_sizes, 1, "gelu", out_std=1.0).to(dtype)
@@ -175,7 +175,7 @@ class Pi0Policy(nn.Module):
         if self.value_head is None or (self.privileged_value and "privileged_states" not in inputs):
             return zero_values(state)  # value-free, or an evaluation without the critic's input
         if self.privileged_value:
-            return head_output(self.value_head, inputs["privileged_states"])
+            return self.value_head(inputs["privileged_states"])
         if self.value_input == "prefix":  # mean over the valid prefix tokens
             valid = prefix[1][..., None].to(prefix_hidden.dtype)
             features = (prefix_hidden * valid).sum(1) / valid.sum(1).clamp_min(1)
@@ -200,6 +200,8 @@ class Pi0Policy(nn.Module):
             method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
             drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head)
             values = self._value(prefix, hidden, state, inputs)
+            if self.privileged_value and mode == "train":  # the critic's running statistics learn from it
+                self.value_head.observe(inputs["privileged_states"])
         actions = self.normalization.unnormalize(drawn["actions"][:, :settings.executed_actions, :settings.action_dim]
                                                  .float(), ACTION_KEY, "ACTION")
         inputs.update(chain=drawn["chain"].float(), stochastic_step=drawn["stochastic_step"])
@@ -211,7 +213,7 @@ class Pi0Policy(nn.Module):
             if self.value_head is None:
                 return torch.zeros(len(obs["task_descriptions"]), dtype=torch.float32, device=self.device)
             if self.privileged_value:
-                return head_output(self.value_head, privileged_states_input(obs, self.device))
+                return self.value_head(privileged_states_input(obs, self.device))
             inputs = self.observation_inputs(obs)
             prefix, hidden = self._prefix(inputs)
             return self._value(prefix, hidden, inputs["state"], inputs)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO_ROOT, assert_logs_every_recipe_metric
 
@@ -25,35 +26,53 @@ def _run(*args, timeout=900):
 @pytest.mark.slow
 def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(tmp_path):
     out = tmp_path / "openvla"
+    # two RL seeds from one SFT checkpoint, with two of the levers for VLAs: a privileged critic and
+    # demonstrations in the loss
     proc = _run("openvla", "--smoke", "--out", str(out), "--record", str(tmp_path / "benchmarks"),
-                "model.lora.enabled=true")
+                "--rl-seeds", "0", "1", "model.lora.enabled=true", "rl:model.value_input=privileged_states",
+                "rl:env.privileged_states=true", "rl:algorithm.demo_loss_coef=0.5", "rl:algorithm.demo_batch_size=4")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     with open(out / "record.json") as f:
+        summary = json.load(f)
+    assert summary["rl_seeds"] == [0, 1] and [r["rl_seed"] for r in summary["seeds"]] == [0, 1]
+    gain = summary["gain"]["deterministic"]
+    assert gain["n"] == 2 and gain["ci95"][0] <= gain["mean"] <= gain["ci95"][1]
+    assert "sampled" in summary["gain"]
+    with open(out / "record_seed0.json") as f:
         record = json.load(f)
-    assert record["family"] == "openvla" and record["task"] == "PushCube-v1"
+    assert record == summary["seeds"][0]
+    assert record["family"] == "openvla" and record["task"] == "PushCube-v1" and record["rl_seed"] == 0
     assert record["demonstrations"]["episodes"] == 2 and record["demonstrations"]["frames"] > 2
     evaluation = record["evaluation"]
-    for name in ("before_rl", "after_rl"):
-        low, high = evaluation[name]["ci95"]
-        assert 0.0 <= low <= evaluation[name]["success_rate"] <= high <= 1.0
-    # both evaluations ran the same episodes: the same seed, and the checkpoints of the two runs
-    with open(out / "eval_sft.json") as f:
-        before = json.load(f)
-    with open(out / "eval_rl.json") as f:
-        after = json.load(f)
-    assert before["seed"] == after["seed"] and before["episodes"] == after["episodes"] == 2
+    for entry in (evaluation, evaluation["sampled"]):  # both decision rules, before and after RL
+        for name in ("before_rl", "after_rl"):
+            low, high = entry[name]["ci95"]
+            assert 0.0 <= low <= entry[name]["success_rate"] <= high <= 1.0
+    # every evaluation ran the same episodes: the same seed, and the checkpoints of the runs
+    reports = {}
+    for name in ("eval_sft", "eval_rl_seed0", "eval_rl_seed1", "eval_sft_sampled", "eval_rl_seed1_sampled"):
+        with open(out / f"{name}.json") as f:
+            reports[name] = json.load(f)
+    before, after = reports["eval_sft"], reports["eval_rl_seed0"]
+    assert len({r["seed"] for r in reports.values()}) == 1 and before["episodes"] == after["episodes"] == 2
+    assert reports["eval_sft_sampled"]["decision_rule"] == "sampled" and before["decision_rule"] == "deterministic"
     assert before["checkpoint"].endswith(os.path.join("sft", "checkpoints", "global_step_2"))
-    assert after["checkpoint"].endswith(os.path.join("rl", "checkpoints", "global_step_1"))
-    # the RL run started from the SFT checkpoint
-    with open(out / "rl" / ".hydra" / "config.yaml") as f:
-        assert f"init_from: {before['checkpoint']}" in f.read()
+    assert after["checkpoint"].endswith(os.path.join("rl_seed0", "checkpoints", "global_step_1"))
+    # each RL run started from the SFT checkpoint, with its own seed
+    for seed in (0, 1):
+        with open(out / f"rl_seed{seed}" / ".hydra" / "config.yaml") as f:
+            text = f.read()
+        assert f"init_from: {before['checkpoint']}" in text and f"seed: {seed}" in text
     assert record["rl_updates"] == 1 and record["rl_env_steps"] > 0
     assert record["sft_curve"] == []  # a smoke SFT evaluates only its checkpoint, in eval_sft
     # the tiny checkpoint was made in the official format at model.path and loaded back by path
-    assert os.path.isfile(out / "rl" / "tiny_openvla" / "model.safetensors")
-    with open(out / "rl" / "metrics.jsonl") as f:
+    assert os.path.isfile(out / "rl_seed0" / "tiny_openvla" / "model.safetensors")
+    with open(out / "rl_seed0" / "metrics.jsonl") as f:
         rl_records = [json.loads(line) for line in f]
     assert_logs_every_recipe_metric(rl_records[-1])  # every metric the other recipes log
+    with open(out / "rl_seed0" / "metrics.jsonl") as f:
+        trained = [r for r in map(json.loads, f) if "train/actor/current_version" in r]
+    assert all(np.isfinite(r["train/demo/loss"]) for r in trained if r["train/actor/optimizer_steps"])
     # the rollout evaluated the weights the actor published after its update (adapters + value head)
     assert rl_records[-1]["eval/version"] == 1.0 and rl_records[-1]["train/actor/published_bytes"] > 0
     with open(out / "sft" / "checkpoints" / "global_step_2" / "model_info.json") as f:
@@ -65,9 +84,18 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     with open(out / "record.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     copies = sorted(os.listdir(tmp_path / "benchmarks"))
-    assert copies == [f"{record['date']}-miniature-openvla-pushcube-v1.json",
-                      f"{record['date']}-miniature-openvla-pushcube-v1.png"]
+    stem = f"{record['date']}-miniature-openvla-pushcube-v1"
+    assert copies == [f"{stem}-seed0.json", f"{stem}-seed1.json", f"{stem}.json", f"{stem}.png"]
     assert "success after SFT" in proc.stdout
+    # the value-free lever on a third seed: SFT and its evaluation are kept, one RL run and its evaluation run
+    proc = _run("openvla", "--smoke", "--out", str(out), "--rl-seeds", "2", "model.lora.enabled=true",
+                "rl:algorithm.adv_type=grpo", "rl:algorithm.group_size=2", "rl:rollout.num_steps=20",
+                "rl:actor.global_batch_size=20", "rl:actor.micro_batch_size=10")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "sft: done in an earlier run" in proc.stdout and "rl_seed2: starting" in proc.stdout
+    with open(out / "rl_seed2" / "metrics.jsonl") as f:
+        trained = [r for r in map(json.loads, f) if "train/actor/current_version" in r]
+    assert trained and all("train/grpo/groups" in r and "train/critic/value_loss" not in r for r in trained)
 
 
 
@@ -77,9 +105,13 @@ def _pipeline(tmp_path, monkeypatch, *argv):
     import miniature
 
     ran = []
-    for phase in miniature.PHASES:
+    for phase in miniature.SFT_PHASES:
         monkeypatch.setattr(miniature.Pipeline, f"_{phase}", lambda self, phase=phase: ran.append(phase) or {})
+    for phase in miniature.RL_PHASES:
+        monkeypatch.setattr(miniature.Pipeline, f"_{phase}",
+                            lambda self, seed, phase=phase: ran.append(f"{phase}_seed{seed}") or {})
     monkeypatch.setattr(miniature, "build_record", lambda *args: {})
+    monkeypatch.setattr(miniature, "summary_record", lambda *args: {})
     monkeypatch.setattr(miniature, "write_record", lambda *args: None)
     monkeypatch.setattr(miniature, "summary_line", lambda record: "")
     pipeline = miniature.Pipeline(miniature._parse(["openvla", "--out", str(tmp_path / "out"), *argv]))
@@ -88,16 +120,20 @@ def _pipeline(tmp_path, monkeypatch, *argv):
 
 
 def test_a_repeated_command_keeps_finished_phases_and_reruns_from_the_first_changed_one(tmp_path, monkeypatch):
-    assert _pipeline(tmp_path, monkeypatch) == ["collect", "sft", "eval_sft", "rl", "eval_rl"]
+    rl = ["rl_seed0", "eval_rl_seed0"]
+    assert _pipeline(tmp_path, monkeypatch) == ["collect", "sft", "eval_sft", *rl]
     assert _pipeline(tmp_path, monkeypatch) == []
+    # more RL seeds: only the new ones run, from the same SFT checkpoint
+    assert _pipeline(tmp_path, monkeypatch, "--rl-seeds", "0", "1", "2") == \
+        ["rl_seed1", "eval_rl_seed1", "rl_seed2", "eval_rl_seed2"]
     # an RL setting: the demonstrations, SFT and its evaluation are kept
-    assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5") == ["rl", "eval_rl"]
+    assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5") == rl
     # more evaluation episodes: both evaluations, and RL after the first
     assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5", "--eval-episodes", "200") == \
-        ["eval_sft", "rl", "eval_rl"]
+        ["eval_sft", *rl]
     # a setting of every phase (the env) runs them all; --restart too
     assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5", "--eval-episodes", "200", "env.num_envs=4") == \
-        ["collect", "sft", "eval_sft", "rl", "eval_rl"]
+        ["collect", "sft", "eval_sft", *rl]
     assert len(_pipeline(tmp_path, monkeypatch, "--restart")) == 5
     # a damaged state file is named
     (tmp_path / "out" / "pipeline.json").write_text("{not json")
