@@ -68,6 +68,9 @@ class UpdateSettings:
     normalize_advantages: bool
     target_kl: Optional[float]
     max_grad_norm: float
+    # False: only samples of older versions get a recomputed proximal log-prob; the current
+    # version's keep their behaviour log-probs (the same weights)
+    recompute_fresh_logprobs: bool = True
     # the policy group's learning rate: warmed up linearly over policy_lr_warmup_steps policy
     # steps (0: left as the optimiser holds it); policy_steps_before counts those of earlier updates
     policy_lr: float = 0.0
@@ -89,6 +92,7 @@ class UpdateSettings:
         return cls(
             epochs=alg.update_epochs, minibatch_size=batches.per_rank, micro_batch_size=batches.micro,
             world_size=world_size, version=version, recompute_logprobs=cfg.rollout.recompute_logprobs,
+            recompute_fresh_logprobs=cfg.rollout.recompute_fresh_logprobs,
             critic_warmup_left=max(0, actor.critic_warmup_steps - optimizer_steps),
             clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
             behave_weight_threshold=alg.behave_weight_threshold, value_clip=alg.value_clip,
@@ -104,21 +108,27 @@ def _to(device, batch: PPOBatch) -> PPOBatch:
 
 
 @torch.no_grad()
-def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device) -> torch.Tensor:
+def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device,
+                       fresh_version: Optional[int] = None) -> torch.Tensor:
     """log pi_proximal: the current (pre-update) policy's log-probs of the stored actions.
 
     In eval mode: the anchor is the policy itself, not one random dropout mask of it.
+    ``fresh_version``: samples of this version (the policy itself drew them) keep their behaviour
+    log-probs and only the others are recomputed.
     """
+    proximal = batch.behaviour_logprobs.detach().float().clone()
+    stale = torch.ones(len(batch), dtype=torch.bool) if fresh_version is None else batch.versions != fresh_version
+    rows = torch.nonzero(stale).flatten()
     was_training = policy.training
     policy.eval()
     try:
-        out = []
-        for start in range(0, len(batch), micro_batch_size):
-            micro = _to(device, batch.rows(torch.arange(start, min(start + micro_batch_size, len(batch)))))
-            out.append(policy.evaluate(micro.forward_inputs, micro.actions)[0].float().cpu())
+        for start in range(0, len(rows), micro_batch_size):
+            index = rows[start:start + micro_batch_size]
+            micro = _to(device, batch.rows(index))
+            proximal[index] = policy.evaluate(micro.forward_inputs, micro.actions)[0].float().cpu()
     finally:
         policy.train(was_training)
-    return torch.cat(out)
+    return proximal
 
 
 def clip_gradients(policy, max_norm: float) -> torch.Tensor:
@@ -223,7 +233,8 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
     if len(batch) == 0:
         return _update_metrics({}, {}, s, 0, 0, 0)
     # ---- proximal log-probs: a forward pass now, or interpolated by version per minibatch ----
-    proximal = recompute_logprobs(policy, batch, s.micro_batch_size, device) if s.recompute_logprobs else None
+    proximal = recompute_logprobs(policy, batch, s.micro_batch_size, device,
+                                  None if s.recompute_fresh_logprobs else s.version) if s.recompute_logprobs else None
 
     # ---- advantage normalisation with global statistics ----
     if s.normalize_advantages:

@@ -232,6 +232,11 @@ class RolloutConfig:
     num_steps: int = 50  # decisions per trajectory (T)
     # True: log pi_proximal from a forward pass before the update; False: interpolate by version
     recompute_logprobs: bool = True
+    # with recompute_logprobs: False recomputes only the samples of older versions; a sample the
+    # actor's current version drew keeps its behaviour log-prob as the proximal one (the same
+    # weights: exact where rollout and actor compute alike, e.g. both float32 on a CPU; a rollout in
+    # another precision than the actor's makes the two differ, so it stays True by default)
+    recompute_fresh_logprobs: bool = True
 
 
 @dataclass

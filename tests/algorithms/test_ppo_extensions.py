@@ -103,3 +103,19 @@ def test_update_settings_take_the_new_keys_from_the_config(make_config, coef, tm
     s = UpdateSettings.from_config(cfg, world_size=1)
     assert s.train_critic is False and s.demo_loss_coef == coef
     assert cfg.model.add_value_head is False  # resolved from the algorithm: no critic is built
+
+
+def test_fresh_samples_can_keep_their_behaviour_log_probs_as_the_proximal_ones():
+    from embodied_async.algorithms.ppo import recompute_logprobs
+
+    policy, data = TinyPolicy(), batch()
+    data.versions = torch.tensor([4] * 20 + [5] * 12)  # 20 samples one version old, 12 of the current one
+    seen = []
+    evaluate = policy.evaluate
+    policy.evaluate = lambda inputs, actions: seen.append(len(actions)) or evaluate(inputs, actions)
+    every = recompute_logprobs(policy, data, 8, "cpu")
+    assert sum(seen) == 32
+    seen.clear()
+    partial = recompute_logprobs(policy, data, 8, "cpu", fresh_version=5)
+    assert sum(seen) == 20  # only the stale ones went through the policy
+    assert torch.equal(partial[:20], every[:20]) and torch.equal(partial[20:], data.behaviour_logprobs[20:])
