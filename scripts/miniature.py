@@ -61,11 +61,16 @@ class Family:
     sft_recipe: str
     rl_recipe: str
     decision_rule: str  # how evaluation picks an action, for the record
+    # the model keys that shape the sampled policy: the SFT checkpoint's sampled evaluation takes
+    # the RL recipe's values (and rl: overrides of them), so before and after RL sample alike
+    sampling_keys: Sequence[str] = ()
 
 
 FAMILIES: Dict[str, Family] = {
-    "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens"),
-    "pi0": Family("maniskill_miniature_sft_openpi", "maniskill_miniature_ppo_openpi", "flow_ode (no noise)"),
+    "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens",
+                      ("temperature", "top_k")),
+    "pi0": Family("maniskill_miniature_sft_openpi", "maniskill_miniature_ppo_openpi", "flow_ode (no noise)",
+                  ("noise_method", "noise_level", "num_steps")),
 }
 
 
@@ -184,21 +189,19 @@ class Pipeline:
               f"{updates} PPO updates per RL seed {self.rl_seeds}, {self.sizes.eval_episodes} evaluation episodes "
               f"before and after RL; in {self.out}", flush=True)
         started = time.time()
-        # a phase whose settings changed runs again, and so does every phase after it that stands on
-        # it (each RL seed's phases stand on SFT's, not on another seed's)
-        changed = sft_changed = False
+        # a phase whose settings changed runs again, and so does every phase that stands on it
+        reran = set()
         for phase in self.phases:
-            if phase.startswith("rl_seed"):
-                changed = sft_changed
             earlier = self.state["phases"].get(phase)
             settings = self._phase_settings(phase)
-            if earlier is not None and not changed and earlier.get("settings") == settings:
+            stale = bool(reran & set(depends_on(phase)))
+            if earlier is not None and not stale and earlier.get("settings") == settings:
                 print(f"[miniature] {phase}: done in an earlier run ({earlier['seconds']:.0f} s), kept", flush=True)
                 continue
-            if earlier is not None and not changed:
+            if earlier is not None and not stale:
                 print(f"[miniature] {phase}: its settings changed since the earlier run: running it and the phases "
-                      "after it again", flush=True)
-            changed = True
+                      "that stand on it again", flush=True)
+            reran.add(phase)
             self.state["phases"].pop(phase, None)
             print(f"[miniature] {phase}: starting", flush=True)
             phase_start = time.time()
@@ -209,7 +212,6 @@ class Pipeline:
             self.state["phases"][phase] = result
             self._save_state()
             print(f"[miniature] {phase}: done in {result['seconds']:.0f} s", flush=True)
-            sft_changed = sft_changed or phase in SFT_PHASES
         records = [build_record(self.out, self.state, self.args.family, self.family, self.sizes, seed)
                    for seed in self.rl_seeds]
         record = summary_record(records)
@@ -239,7 +241,19 @@ class Pipeline:
         return {"log": log, "checkpoint": last_checkpoint(log)}
 
     def _eval_sft(self) -> Dict:
-        return self._evaluate("eval_sft", self.state["phases"]["sft"]["checkpoint"])
+        return self._evaluate("eval_sft", self.state["phases"]["sft"]["checkpoint"], self._rl_sampling())
+
+    def _rl_sampling(self) -> List[str]:
+        """``model.<key>=<value>`` of the RL recipe's sampled policy (its YAML, then rl: overrides)."""
+        from omegaconf import OmegaConf
+
+        model = OmegaConf.load(os.path.join(REPO_ROOT, "configs", f"{self.family.rl_recipe}.yaml")).get("model", {})
+        values = {f"model.{key}": f"model.{key}={model[key]}" for key in self.family.sampling_keys if key in model}
+        for item in (*self.common, *self.rl_only):
+            key = item.split("=", 1)[0]
+            if key in {f"model.{k}" for k in self.family.sampling_keys}:
+                values[key] = item
+        return list(values.values())
 
     def _rl(self, seed: int) -> Dict:
         log = os.path.join(self.out, f"rl_seed{seed}")
@@ -266,9 +280,10 @@ class Pipeline:
                    "--config-name", recipe, f"runner.logger.log_path={log}", *overrides]
         self._call(phase, command)
 
-    def _evaluate(self, phase: str, checkpoint: str) -> Dict:
+    def _evaluate(self, phase: str, checkpoint: str, sampling: Sequence[str] = ()) -> Dict:
         """The checkpoint on the shared episode seeds, with the deterministic decision rule (the
-        phase's result) and with the sampled policy (under ``sampled``)."""
+        phase's result) and with the sampled policy (under ``sampled``; ``sampling``: overrides
+        that make it the RL recipe's)."""
         results = {}
         for rule in DECISION_RULES:
             name = phase if rule == "deterministic" else f"{phase}_sampled"
@@ -277,7 +292,7 @@ class Pipeline:
             num_envs = max(d for d in range(1, 9) if episodes % d == 0)
             command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), checkpoint, "--episodes",
                        str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
-                       "--json", report, *(["--sampled"] if rule == "sampled" else [])]
+                       "--json", report, *(["--sampled", *sampling] if rule == "sampled" else [])]
             self._call(name, command)
             with open(report) as f:
                 result = json.load(f)
@@ -322,7 +337,8 @@ class Pipeline:
             "collect": {"family": self.args.family, "demos": sizes.demos, "seed": self.args.seed,
                         "smoke": self.args.smoke, "overrides": self.common},
             "sft": {"steps": sizes.sft_steps, "overrides": self.sft_only},
-            "eval_sft": {"episodes": sizes.eval_episodes, "rules": list(DECISION_RULES)},
+            "eval_sft": {"episodes": sizes.eval_episodes, "rules": list(DECISION_RULES),
+                         "sampling": self._rl_sampling()},
         }[phase]
 
     def _load_state(self) -> Dict:
@@ -343,6 +359,14 @@ class Pipeline:
         with open(path + ".tmp", "w") as f:
             json.dump(self.state, f, indent=1)
         os.replace(path + ".tmp", path)
+
+
+def depends_on(phase: str) -> List[str]:
+    """The phases whose results ``phase`` uses: SFT the demonstrations, every RL run SFT's
+    checkpoint, each evaluation the checkpoint it scores."""
+    base, _, seed = phase.partition("_seed")
+    return {"collect": [], "sft": ["collect"], "eval_sft": ["sft"], "rl": ["sft"],
+            "eval_rl": [f"rl_seed{seed}"]}[base]
 
 
 def split_overrides(overrides: Sequence[str]):

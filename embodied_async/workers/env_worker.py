@@ -101,8 +101,9 @@ class EnvWorker:
 
     def _begin_groups(self, stage: int, out: EnvOutput) -> EnvOutput:
         """Under grpo, after a trajectory's last decision: every sub-env starts a new episode from
-        its group's seed (the rollout begins the next trajectory with these observations). The
-        episodes that ran on after an earlier end were never trained on and are not scored."""
+        its group's seed (the rollout begins the next trajectory with these observations). An
+        episode that began after its sub-env's earlier end and is still running is cut here, never
+        trained on and left out of the episode statistics."""
         self._decisions[stage] += 1
         if not self.group_size or self._decisions[stage] % self.cfg.rollout.num_steps:
             return out

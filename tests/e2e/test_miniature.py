@@ -128,9 +128,9 @@ def test_a_repeated_command_keeps_finished_phases_and_reruns_from_the_first_chan
         ["rl_seed1", "eval_rl_seed1", "rl_seed2", "eval_rl_seed2"]
     # an RL setting: the demonstrations, SFT and its evaluation are kept
     assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5") == rl
-    # more evaluation episodes: both evaluations, and RL after the first
+    # more evaluation episodes: both evaluations, not the runs they score
     assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5", "--eval-episodes", "200") == \
-        ["eval_sft", *rl]
+        ["eval_sft", "eval_rl_seed0"]
     # a setting of every phase (the env) runs them all; --restart too
     assert _pipeline(tmp_path, monkeypatch, "rl:actor.lr=5e-5", "--eval-episodes", "200", "env.num_envs=4") == \
         ["collect", "sft", "eval_sft", *rl]
