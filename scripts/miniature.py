@@ -127,6 +127,9 @@ def _parse(argv):
     parser.add_argument("--demos", type=int, default=None, help=f"demonstration episodes (default {FULL.demos})")
     parser.add_argument("--sft-steps", type=int, default=None, help=f"SFT steps (default {FULL.sft_steps})")
     parser.add_argument("--rl-updates", type=int, default=None, help="PPO updates (default: the recipe's)")
+    parser.add_argument("--rl-recipe", default=None,
+                        help="the RL phase's recipe (default: the family's PPO recipe; e.g. "
+                             "maniskill_miniature_grpo_openvla for group-relative advantages)")
     parser.add_argument("--eval-episodes", type=int, default=None,
                         help=f"episodes of each evaluation before and after RL (default {FULL.eval_episodes})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations and the training runs")
@@ -161,6 +164,8 @@ class Pipeline:
         if args.family not in FAMILIES:
             raise PipelineError(f"unknown family {args.family!r}: use one of {sorted(FAMILIES)}")
         self.args, self.family = args, FAMILIES[args.family]
+        if args.rl_recipe:
+            self.family = dataclasses.replace(self.family, rl_recipe=args.rl_recipe)
         base = SMOKE if args.smoke else FULL
         self.sizes = Sizes(demos=args.demos or base.demos, sft_steps=args.sft_steps or base.sft_steps,
                            rl_updates=args.rl_updates or base.rl_updates,
@@ -247,7 +252,16 @@ class Pipeline:
         """``model.<key>=<value>`` of the RL recipe's sampled policy (its YAML, then rl: overrides)."""
         from omegaconf import OmegaConf
 
-        model = OmegaConf.load(os.path.join(REPO_ROOT, "configs", f"{self.family.rl_recipe}.yaml")).get("model", {})
+        def recipe_model(name: str) -> Dict:  # the recipe's model section over those of the recipes it extends
+            raw = OmegaConf.to_container(OmegaConf.load(os.path.join(REPO_ROOT, "configs", f"{name}.yaml")))
+            model: Dict = {}
+            for parent in raw.get("defaults", []):
+                if isinstance(parent, str) and os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{parent}.yaml")):
+                    model.update(recipe_model(parent))
+            model.update(raw.get("model") or {})
+            return model
+
+        model = recipe_model(self.family.rl_recipe)
         values = {f"model.{key}": f"model.{key}={model[key]}" for key in self.family.sampling_keys if key in model}
         for item in (*self.common, *self.rl_only):
             key = item.split("=", 1)[0]
@@ -331,7 +345,8 @@ class Pipeline:
         sizes = self.sizes
         base, _, seed = phase.partition("_seed")
         if seed:  # an RL seed's phases depend on SFT's, not on the other seeds'
-            return {"rl": {"updates": sizes.rl_updates, "overrides": self.rl_only, "seed": int(seed)},
+            return {"rl": {"updates": sizes.rl_updates, "overrides": self.rl_only, "seed": int(seed),
+                           "recipe": self.family.rl_recipe},
                     "eval_rl": {"episodes": sizes.eval_episodes, "rules": list(DECISION_RULES)}}[base]
         return {
             "collect": {"family": self.args.family, "demos": sizes.demos, "seed": self.args.seed,

@@ -4,7 +4,7 @@ value-free update (algorithm.adv_type=grpo trains no critic) and an empty batch.
 import numpy as np
 import pytest
 import torch
-from test_ppo_guards import TinyPolicy, batch, settings
+from test_ppo_guards import N, TinyPolicy, batch, settings
 
 from embodied_async.algorithms.ppo import PPOBatch, ppo_update
 from embodied_async.contracts import EnvSpec
@@ -119,3 +119,27 @@ def test_fresh_samples_can_keep_their_behaviour_log_probs_as_the_proximal_ones()
     partial = recompute_logprobs(policy, data, 8, "cpu", fresh_version=5)
     assert sum(seen) == 20  # only the stale ones went through the policy
     assert torch.equal(partial[:20], every[:20]) and torch.equal(partial[20:], data.behaviour_logprobs[20:])
+
+
+def test_the_trained_rows_go_first_and_every_rank_keeps_as_many_as_the_fullest():
+    """Two actor ranks: rank 0 has 5 trained rows, rank 1 has 9; both keep 9 (rank 0 pads with masked
+    rows), so they take the same number of optimiser steps."""
+    import types
+
+    from embodied_async.workers.actor_worker import ActorWorker
+
+    def shard(trained):
+        data = batch()
+        data.loss_mask = torch.zeros(N, dtype=torch.bool)
+        data.loss_mask[torch.tensor(trained)] = True
+        return data
+
+    counts_seen = {0: 5.0, 1: 9.0}
+    all_reduce = lambda t: torch.tensor([counts_seen[0], counts_seen[1]])  # noqa: E731  the sum over both ranks
+    for rank, trained in ((0, [3, 7, 11, 20, 31]), (1, [0, 1, 2, 4, 8, 16, 17, 18, 30])):
+        worker = types.SimpleNamespace(rank=rank, world_size=2, _all_reduce_sum=all_reduce)
+        data = shard(trained)
+        kept = ActorWorker._trained_rows(worker, data)
+        assert len(kept) == 9 and int(kept.loss_mask.sum()) == len(trained)
+        assert kept.loss_mask[:len(trained)].all()  # the trained rows first, in order
+        assert torch.equal(kept.forward_inputs["states"][:len(trained)], data.forward_inputs["states"][trained])

@@ -88,14 +88,16 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     assert copies == [f"{stem}-seed0.json", f"{stem}-seed1.json", f"{stem}.json", f"{stem}.png"]
     assert "success after SFT" in proc.stdout
     # the value-free lever on a third seed: SFT and its evaluation are kept, one RL run and its evaluation run
-    proc = _run("openvla", "--smoke", "--out", str(out), "--rl-seeds", "2", "model.lora.enabled=true",
-                "rl:algorithm.adv_type=grpo", "rl:algorithm.group_size=2", "rl:rollout.num_steps=20",
-                "rl:actor.global_batch_size=20", "rl:actor.micro_batch_size=10")
+    proc = _run("openvla", "--smoke", "--out", str(out), "--rl-seeds", "2", "--rl-recipe",
+                "maniskill_miniature_grpo_openvla", "model.lora.enabled=true", "rl:algorithm.group_size=2",
+                "rl:rollout.num_steps=20", "rl:actor.global_batch_size=20", "rl:actor.micro_batch_size=10")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "sft: done in an earlier run" in proc.stdout and "rl_seed2: starting" in proc.stdout
     with open(out / "rl_seed2" / "metrics.jsonl") as f:
         trained = [r for r in map(json.loads, f) if "train/actor/current_version" in r]
     assert trained and all("train/grpo/groups" in r and "train/critic/value_loss" not in r for r in trained)
+    with open(out / "record.json") as f:
+        assert json.load(f)["recipes"]["rl"] == "maniskill_miniature_grpo_openvla"
 
 
 
