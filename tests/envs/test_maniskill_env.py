@@ -227,3 +227,34 @@ def test_instructions():
         assert env.reset().obs["task_descriptions"] == ["do the thing"]
     finally:
         env.close()
+
+
+def test_one_seed_per_sub_env_starts_a_group_in_one_state_on_either_backend():
+    """algorithm.adv_type=grpo's grouped resets: sub-envs given the same seed start alike, and the
+    GPU backend's batched reset (here its code path on a one-env CPU scene) takes the same list."""
+    import gymnasium as gym
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    env = make_env(4)
+    try:
+        states = env.reset([11, 11, 12, 12]).obs["states"]
+        np.testing.assert_array_equal(states[0], states[1])
+        np.testing.assert_array_equal(states[2], states[3])
+        assert not np.allclose(states[0], states[2])
+        np.testing.assert_array_equal(env.reset(11).obs["states"][0], states[0])  # an int: sub-env 0 gets it
+        with pytest.raises(ValueError, match="3 seeds for 4 sub-envs"):
+            env.reset([1, 2, 3])
+    finally:
+        env.close()
+    cpu, vec = make_env(1), make_env(1)
+    try:
+        vec._envs.pop().close()
+        vec._serial = None  # the GPU backend's path
+        cfg = vec.cfg
+        base = gym.make("PushCube-v1", num_envs=1, obs_mode="state", control_mode=cfg.control_mode,
+                        reward_mode=cfg.reward_mode, sim_backend="cpu", render_backend="cpu")
+        vec._vec = ManiSkillVectorEnv(base, auto_reset=True, ignore_terminations=False)
+        np.testing.assert_allclose(vec.reset([11]).obs["states"], cpu.reset([11]).obs["states"], rtol=1e-6)
+    finally:
+        cpu.close()
+        vec.close()
