@@ -96,3 +96,27 @@ def test_parity_reads_first_passages_and_pairs_seeds_in_its_ratio():
     assert ratio == {"ratio": 2.0, "low": 2.0, "high": 2.0}
     spread = parity.ratio_of_means([10, 40, 30, 25], [20, 20, 20, 20])
     assert spread["low"] < spread["ratio"] == 1.312 < spread["high"]
+
+
+def test_the_rl_phase_benchmark_rates_the_steady_updates_and_the_trained_decisions(tmp_path):
+    """env steps/s from the updates after the warm-up ones (their wall clock only), training ms per
+    trained decision; and the miniature's bootstrap of the mean gain over RL seeds."""
+    import json
+
+    bench = load_script("scripts", "benchmark_rl_phase.py")
+    log = tmp_path / "run"
+    (log / ".hydra").mkdir(parents=True)
+    (log / ".hydra" / "config.yaml").write_text("env: {num_action_chunks: 1}\nalgorithm: {update_epochs: 2}\n")
+    with open(log / "metrics.jsonl", "w") as f:
+        for step in range(1, 7):  # 640 env steps an update; the first two take 10 s each, the rest 4 s
+            wall = 10.0 * min(step, 2) + 4.0 * max(0, step - 2)
+            f.write(json.dumps({"step": step, "train/actor/current_version": step - 1.0, "wall_time_s": wall,
+                                "env/env_steps": 640.0, "train/actor/num_samples": 320.0,
+                                "time/actor_training": 1.6, "time/rollout": 2.0, "time/env": 3.0}) + "\n")
+    result = bench.measure(str(log), warmup=2)
+    assert result["env_steps_per_s"] == 160.0 and result["updates"] == 4  # 4 x 640 steps in 16 s
+    assert result["training_ms_per_decision"] == 5.0  # 6 x 1.6 s over 6 x 320 trained decisions
+    miniature = load_script("scripts", "miniature.py")
+    gain = miniature.bootstrap_mean([0.16, 0.10, 0.22])
+    assert gain["mean"] == 0.16 and gain["n"] == 3
+    assert 0.10 <= gain["ci95"][0] < 0.16 < gain["ci95"][1] <= 0.22
