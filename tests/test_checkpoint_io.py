@@ -348,3 +348,31 @@ def test_init_from_starts_a_value_head_of_another_shape_fresh_and_takes_the_rest
     other.trunk = nn.Linear(4, 16)
     with pytest.raises(CheckpointError, match="does not fit"):
         load_initial_weights(other, str(tmp_path / "sft"), SimpleNamespace(name="openvla"))
+
+
+class _ValueFree(nn.Module):
+    """A value-free policy (algorithm.adv_type=grpo): it names the prefix and has no value head."""
+
+    value_parameter_prefixes = ("value_head.",)
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(4, 8)
+
+
+def test_init_from_leaves_the_value_head_out_of_a_value_free_policy(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from embodied_async.checkpoint_io import write_manifest
+    from embodied_async.workers.trainer_core import load_initial_weights
+
+    torch.manual_seed(0)
+    source = _WithValueHead(8)
+    os.makedirs(tmp_path / "sft")
+    save_tree({k: v.detach().clone() for k, v in source.state_dict().items()}, str(tmp_path / "sft"), "model")
+    write_manifest(str(tmp_path / "sft"))
+    target = _ValueFree()
+    load_initial_weights(target, str(tmp_path / "sft"), SimpleNamespace(name="openvla"))
+    assert torch.equal(target.trunk.weight, source.trunk.weight)
+    out = capsys.readouterr().out
+    assert "is left out: this policy has none" in out and "starts fresh" not in out

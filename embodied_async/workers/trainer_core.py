@@ -101,8 +101,11 @@ def load_initial_weights(policy, folder: str, model_cfg) -> None:
         if theirs != own:
             state = {n: t for n, t in state.items() if not n.startswith(prefixes)}
             trainable -= set(own)
-            print(f"[init_from] the value head in {folder} has another shape than this policy's: it starts fresh, "
-                  "the rest of the weights come from the checkpoint", flush=True)
+            if not own:  # a value-free policy (algorithm.adv_type=grpo) has no use for it
+                print(f"[init_from] the value head in {folder} is left out: this policy has none", flush=True)
+            else:
+                print(f"[init_from] the value head in {folder} has another shape than this policy's: it starts "
+                      "fresh, the rest of the weights come from the checkpoint", flush=True)
     try:
         load_model_state(policy, state, trainable)
     except (KeyError, ValueError) as err:
