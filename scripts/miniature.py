@@ -26,7 +26,14 @@ the policy's inference and training cost per decision, where the RL phase's time
 or ``rl:key=value`` to one training phase only. A phase that finished is not run again when the
 command is repeated with the same ``--out`` (``--restart`` starts over): a failure or Ctrl-C loses
 only the phase it stopped. Changed settings re-run the first phase they concern and the phases after
-it (``rl:actor.lr=3e-4`` keeps the demonstrations, SFT and its evaluation). Bad input prints
+it (``rl:actor.lr=3e-4`` keeps the demonstrations, SFT and its evaluation). ``--sft-from DIR`` runs
+the RL phases in ``--out`` from another folder's SFT checkpoint, so an ablation (one RL variant per
+folder) stands on one warm start:
+
+    .venv/bin/python scripts/miniature.py openvla --out logs/ablate_demo --sft-from logs/miniature_openvla \
+        rl:algorithm.demo_loss_coef=0.3
+
+Bad input prints
 ``miniature error: ...`` and exits 2.
 """
 
@@ -44,7 +51,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -139,6 +146,9 @@ def _parse(argv):
     parser.add_argument("--smoke", action="store_true", help="a few demonstrations, SFT steps and one RL update")
     parser.add_argument("--restart", action="store_true", help="discard the phases a previous run finished")
     parser.add_argument("--record", default=None, help="also copy record.json/.png into this folder, dated")
+    parser.add_argument("--sft-from", default=None, metavar="DIR",
+                        help="start the RL phases from the SFT checkpoint another --out folder made (its "
+                             "demonstrations, checkpoint and evaluation), so RL variants compare on one warm start")
     parser.add_argument("overrides", nargs="*", help="key=value (every phase), sft:key=value, rl:key=value")
     argv, rl_seeds = _take_rl_seeds(list(sys.argv[1:] if argv is None else argv), parser)
     args = parser.parse_intermixed_args(argv)
@@ -185,6 +195,8 @@ class Pipeline:
             shutil.rmtree(self.out)
         os.makedirs(self.out, exist_ok=True)
         self.state = self._load_state()
+        if args.sft_from:
+            self._take_sft_phases(os.path.abspath(args.sft_from))
 
     # ---- the phases -------------------------------------------------------------------------
 
@@ -273,7 +285,7 @@ class Pipeline:
         log = os.path.join(self.out, f"rl_seed{seed}")
         # dataset.root: the SFT run's demonstrations, for algorithm.demo_loss_coef (unread without it)
         overrides = [f"model.init_from={self.state['phases']['sft']['checkpoint']}", f"runner.seed={seed}",
-                     f"dataset.root={os.path.join(self.out, 'demos')}", *self._smoke_overrides(SMOKE_RL),
+                     f"dataset.root={self.state['phases']['collect']['dataset']}", *self._smoke_overrides(SMOKE_RL),
                      *self.common, *self.rl_only]
         if self.sizes.rl_updates:
             overrides.insert(1, f"runner.max_steps={self.sizes.rl_updates}")
@@ -356,8 +368,29 @@ class Pipeline:
                          "sampling": self._rl_sampling()},
         }[phase]
 
-    def _load_state(self) -> Dict:
-        path = os.path.join(self.out, STATE_FILE)
+    def _take_sft_phases(self, source: str) -> None:
+        """``--sft-from``: the SFT phases (and their results) of the pipeline in ``source``, which
+        must have finished them with this command's settings; RL runs here that stood on other
+        SFT phases run again."""
+        if source == self.out:
+            raise PipelineError(f"--sft-from {source} is this run's own --out: name another pipeline's folder")
+        if not os.path.isfile(os.path.join(source, STATE_FILE)):
+            raise PipelineError(f"--sft-from {source}: it has no {STATE_FILE}: name a folder the miniature ran in")
+        theirs = self._load_state(source)["phases"]
+        for phase in SFT_PHASES:
+            if phase not in theirs:
+                raise PipelineError(f"--sft-from {source}: its {phase} phase has not finished: run the miniature "
+                                    "there first")
+            if theirs[phase].get("settings") != self._phase_settings(phase):
+                raise PipelineError(f"--sft-from {source}: its {phase} phase ran with {theirs[phase].get('settings')}, "
+                                    f"this command asks for {self._phase_settings(phase)}: pass the same family, "
+                                    "--seed, --demos, --sft-steps, --eval-episodes and overrides")
+        if any(self.state["phases"].get(phase) != theirs[phase] for phase in SFT_PHASES):
+            self.state["phases"] = {phase: theirs[phase] for phase in SFT_PHASES}
+            self._save_state()
+
+    def _load_state(self, folder: Optional[str] = None) -> Dict:
+        path = os.path.join(folder or self.out, STATE_FILE)
         if not os.path.isfile(path):
             return {"phases": {}}
         try:

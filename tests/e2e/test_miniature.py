@@ -145,6 +145,25 @@ def test_a_repeated_command_keeps_finished_phases_and_reruns_from_the_first_chan
         _pipeline(tmp_path, monkeypatch)
 
 
+def test_sft_from_runs_rl_from_another_folders_sft_checkpoint(tmp_path, monkeypatch):
+    import miniature
+
+    assert len(_pipeline(tmp_path, monkeypatch)) == 5
+    fork = ["--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "out")]
+    assert _pipeline(tmp_path, monkeypatch, *fork, "rl:algorithm.demo_loss_coef=0.3") == ["rl_seed0", "eval_rl_seed0"]
+    assert _pipeline(tmp_path, monkeypatch, *fork, "rl:algorithm.demo_loss_coef=0.3") == []
+    # the source made its SFT checkpoint anew: the fork's RL runs again from it
+    assert _pipeline(tmp_path, monkeypatch, "--sft-steps", "10") == ["sft", "eval_sft", "rl_seed0", "eval_rl_seed0"]
+    assert _pipeline(tmp_path, monkeypatch, *fork, "--sft-steps", "10", "rl:algorithm.demo_loss_coef=0.3") == \
+        ["rl_seed0", "eval_rl_seed0"]
+    with pytest.raises(miniature.PipelineError, match="its collect phase ran with .* pass the same family"):
+        _pipeline(tmp_path, monkeypatch, *fork, "--sft-steps", "10", "env.num_envs=4")
+    with pytest.raises(miniature.PipelineError, match="has no pipeline.json"):
+        _pipeline(tmp_path, monkeypatch, "--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "none"))
+    with pytest.raises(miniature.PipelineError, match="this run's own --out"):
+        _pipeline(tmp_path, monkeypatch, "--sft-from", str(tmp_path / "out"))
+
+
 def test_bad_input_is_refused_in_one_line(tmp_path):
     proc = _run("octo", "--out", str(tmp_path / "x"), timeout=120)
     assert proc.returncode == 2 and "unknown family 'octo'" in proc.stderr and "openvla" in proc.stderr
