@@ -98,6 +98,17 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     assert trained and all("train/grpo/groups" in r and "train/critic/value_loss" not in r for r in trained)
     with open(out / "record.json") as f:
         assert json.load(f)["recipes"]["rl"] == "maniskill_miniature_grpo_openvla"
+    # an ablation's other folder: its RL run starts from this SFT checkpoint and reads these demonstrations
+    fork = tmp_path / "fork"
+    proc = _run("openvla", "--smoke", "--out", str(fork), "--sft-from", str(out), "model.lora.enabled=true",
+                "rl:algorithm.demo_loss_coef=0.5", "rl:algorithm.demo_batch_size=4")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "sft: done in an earlier run" in proc.stdout and "rl_seed0: starting" in proc.stdout
+    with open(fork / "rl_seed0.log") as f:
+        command = f.readline()
+    assert f"model.init_from={out}/sft/" in command and f"dataset.root={out}/demos" in command
+    with open(fork / "record.json") as f:
+        assert json.load(f)["before_rl"] == summary["before_rl"]
 
 
 
