@@ -14,8 +14,9 @@ and peak memory (CUDA allocator peak, reset between phases; on a CPU the process
   rollout copy and re-evaluated by the actor at version 0;
 - publish: trainable tensors gathered and loaded into the rollout copy (bytes, time);
 - sft_openvla: one supervised step (action-token cross-entropy) of the same actor on one micro-batch;
-- sft_pi0: a Pi0 of the released shape (tiny on a CPU) with the Pi0 recipe's LoRA, sharded the same
-  way, one supervised step (flow matching on 50-action chunks) on one micro-batch;
+- pi0: a Pi0 of the released shape (tiny on a CPU) with the Pi0 recipe's LoRA: chains sampled by
+  a rollout copy, re-scored by an actor copy sharded the same way (the largest log-prob gap at
+  version 0), then one supervised step (flow matching on 50-action chunks) on one micro-batch;
 - maniskill (when ManiSkill's GPU simulation can be imported): 16 PushCube-v1 envs stepped and rendered.
 """
 
@@ -170,16 +171,25 @@ def build_pi0(args, device, dtype):
                          lora_alpha=32, lora_targets=list(GEMMA_SIGLIP_LINEARS), gradient_checkpointing=True)
 
 
-def sft_pi0_phase(args, device, dtype, obs, micro: int) -> dict:
-    policy = build_pi0(args, device, dtype)
+def pi0_phase(args, device, dtype, obs, micro: int) -> dict:
+    """A Pi0 rollout copy samples chains, its sharded actor copy re-scores them at version 0 (the
+    largest log-prob gap), then takes one supervised step."""
+    rollout = build_pi0(args, device, dtype).eval()
+    actor = copy.deepcopy(rollout)
     precision = "bfloat16" if dtype == torch.bfloat16 else "float32"
-    shard_policy(policy, "gpu" if device.type == "cuda" else "cpu", 1, precision)
-    policy_params, value_params = trainable_parameters(policy, policy.value_parameter_prefixes)
-    optimizer = make_optimizer(ActorConfig(optimizer="adamw", lr=2.5e-5, betas=[0.9, 0.95]), policy_params,
-                               value_params)
+    shard_policy(actor, "gpu" if device.type == "cuda" else "cpu", 1, precision)
     rows = {k: v[:micro] for k, v in obs.items()}
     rows["states"] = np.zeros((len(rows["task_descriptions"]), 8), dtype=np.float32)
-    return supervised_step(policy, optimizer, rows, policy.supervised_horizon, 7)
+    sampled = rollout.predict(rows, mode="train")
+    with torch.no_grad():
+        actor.eval()
+        rescored = actor.evaluate(sampled.forward_inputs)[0].float().cpu()
+    gap = float((rescored - sampled.logprobs.float().cpu()).abs().max())
+    policy_params, value_params = trainable_parameters(actor, actor.value_parameter_prefixes)
+    optimizer = make_optimizer(ActorConfig(optimizer="adamw", lr=2.5e-5, betas=[0.9, 0.95]), policy_params,
+                               value_params)
+    return {"logprob_gap_version_0": gap,
+            **supervised_step(actor, optimizer, rows, actor.supervised_horizon, 7)}
 
 
 def init_process_group(device) -> None:
@@ -217,11 +227,13 @@ def main() -> None:
     parser.add_argument("--rollout-batch", type=int, default=None, help="default: the recipe's (16)")
     parser.add_argument("--micro-batch", type=int, default=None, help="default: the recipe's (40)")
     parser.add_argument("--lora-rank", type=int, default=None, help="default: the recipe's (32)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                        help="default: bfloat16 on cuda (FSDP2 mixed precision), float32 on cpu")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args()
     args.shape = args.shape or ("7b" if args.device == "cuda" else "tiny")
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     settings = recipe_settings()
     batch, micro = args.rollout_batch or settings["rollout_batch"], args.micro_batch or settings["micro_batch"]
     phases = Phases(device)
@@ -245,8 +257,8 @@ def main() -> None:
     published = phases.run("publish", lambda: gather_trainable(actor, dtype=dtype))
     phases.run("load", lambda: rollout.load_state_dict(published, strict=False))
     obs = env.reset(seed=1).obs
-    sft = {"openvla": phases.run("sft_openvla", lambda: supervised_step(actor, optimizer, obs, 1, actor.action_dim))}
-    sft["pi0"] = phases.run("sft_pi0", lambda: sft_pi0_phase(args, device, dtype, obs, micro))
+    sft_openvla = phases.run("sft_openvla", lambda: supervised_step(actor, optimizer, obs, 1, actor.action_dim))
+    pi0 = phases.run("pi0", lambda: pi0_phase(args, device, dtype, obs, micro))
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "shape": args.shape, "dtype": precision, "rollout_batch": batch,
@@ -258,7 +270,7 @@ def main() -> None:
         "train_samples_per_s": round(len(ppo_batch) / phases.report["actor"]["seconds"], 2),
         "published_bytes": tensor_bytes(published),
         "logprob_gap_version_0": gap, "optimizer_steps": metrics["train/actor/optimizer_steps"],
-        "sft": sft,
+        "sft_openvla": sft_openvla, "pi0": pi0,
     }
     report["maniskill_gpu"] = _maniskill(device, phases)
     text = json.dumps(report)

@@ -58,12 +58,17 @@ def shard_policy(policy: nn.Module, device_kind: str, world_size: int, precision
     if world_size == 1 and precision == "float32":
         return False
     mesh = init_device_mesh("cuda" if device_kind == "gpu" else "cpu", (world_size,))
-    options = {"mesh": mesh}
+    options, root_options = {"mesh": mesh}, {"mesh": mesh}
     if precision == "bfloat16":
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # The root's methods take the data as sampled: FSDP would round every float input to bf16
+        # (expert actions before tokenising, Pi0's stored chains before re-scoring them), and the
+        # policies cast what their modules need themselves, as the unsharded rollout copy does.
+        root_options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                                         cast_forward_inputs=False)
     for unit in fsdp_units(policy):
         fully_shard(unit, **options)
-    fully_shard(policy, **options)
+    fully_shard(policy, **root_options)
     for method in FORWARD_METHODS:
         if hasattr(policy, method):
             register_fsdp_forward_method(policy, method)
