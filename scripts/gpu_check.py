@@ -16,7 +16,7 @@ and peak memory (CUDA allocator peak, reset between phases; on a CPU the process
 - sft_openvla: one supervised step (action-token cross-entropy) of the same actor on one micro-batch;
 - pi0: a Pi0 of the released shape (tiny on a CPU) with the Pi0 recipe's LoRA: chains sampled by
   a rollout copy, re-scored by an actor copy sharded the same way (the largest log-prob gap at
-  version 0), then one supervised step (flow matching on 50-action chunks) on one micro-batch;
+  version 0), one PPO step on them, then one supervised step (flow matching on 50-action chunks);
 - maniskill (when ManiSkill's GPU simulation can be imported): 16 PushCube-v1 envs stepped and rendered.
 """
 
@@ -171,9 +171,9 @@ def build_pi0(args, device, dtype):
                          lora_alpha=32, lora_targets=list(GEMMA_SIGLIP_LINEARS), gradient_checkpointing=True)
 
 
-def pi0_phase(args, device, dtype, obs, micro: int) -> dict:
+def pi0_phase(args, device, dtype, obs, micro: int, recipe: dict) -> dict:
     """A Pi0 rollout copy samples chains, its sharded actor copy re-scores them at version 0 (the
-    largest log-prob gap), then takes one supervised step."""
+    largest log-prob gap), then takes one PPO step on them and one supervised step."""
     rollout = build_pi0(args, device, dtype).eval()
     actor = copy.deepcopy(rollout)
     precision = "bfloat16" if dtype == torch.bfloat16 else "float32"
@@ -188,7 +188,11 @@ def pi0_phase(args, device, dtype, obs, micro: int) -> dict:
     policy_params, value_params = trainable_parameters(actor, actor.value_parameter_prefixes)
     optimizer = make_optimizer(ActorConfig(optimizer="adamw", lr=2.5e-5, betas=[0.9, 0.95]), policy_params,
                                value_params)
-    return {"logprob_gap_version_0": gap,
+    actor.train()
+    batch = actor_batch([sampled], micro, device)
+    metrics = ppo_update(actor, optimizer, batch, settings_for_update(len(batch), recipe), lambda t: t,
+                         torch.Generator().manual_seed(0), device)
+    return {"logprob_gap_version_0": gap, "ppo_optimizer_steps": metrics["train/actor/optimizer_steps"],
             **supervised_step(actor, optimizer, rows, actor.supervised_horizon, 7)}
 
 
@@ -258,7 +262,7 @@ def main() -> None:
     phases.run("load", lambda: rollout.load_state_dict(published, strict=False))
     obs = env.reset(seed=1).obs
     sft_openvla = phases.run("sft_openvla", lambda: supervised_step(actor, optimizer, obs, 1, actor.action_dim))
-    pi0 = phases.run("pi0", lambda: pi0_phase(args, device, dtype, obs, micro))
+    pi0 = phases.run("pi0", lambda: pi0_phase(args, device, dtype, obs, micro, settings["recipe"]))
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "shape": args.shape, "dtype": precision, "rollout_batch": batch,

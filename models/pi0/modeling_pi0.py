@@ -394,7 +394,8 @@ class Pi0Model(nn.Module):
         x_t = t * noise + (1 - t) * actions
         u_t = noise - actions
         v_t, _ = self.run_suffix(*prefix, state, x_t, time)
-        return {"loss": F.mse_loss(u_t, v_t, reduction="none"), "v_t": v_t, "u_t": u_t, "x_t": x_t}
+        # in float32: the velocity comes out in the compute dtype (bf16 on a GPU), the target in float32
+        return {"loss": F.mse_loss(u_t.float(), v_t.float(), reduction="none"), "v_t": v_t, "u_t": u_t, "x_t": x_t}
 
 
 def load_pi0(folder: str, dtype: torch.dtype = torch.float32,

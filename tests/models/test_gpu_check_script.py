@@ -32,13 +32,15 @@ def test_gpu_check_runs_tiny_on_cpu_without_ray_maniskill_hydra(tmp_path, dtype)
     assert all(p["seconds"] >= 0 and p["peak_memory_gb"] > 0 for p in report["phases"].values())
     assert all(report["phases"][name]["seconds"] > 0 for name in ("build", "rollout", "actor"))
     assert report["rollout_decisions_per_s"] > 0 and report["train_samples_per_s"] > 0
-    assert report["micro_batch"] == 8 and report["optimizer_steps"] == 1.0
+    assert report["micro_batch"] == 8 and report["optimizer_steps"] == 1.0 == report["pi0"]["ppo_optimizer_steps"]
     # only adapters and value head are published, in the compute dtype
     assert 0 < report["trainable_parameters"] < report["parameters"]
     assert report["published_bytes"] == (4 if dtype == "float32" else 2) * report["trainable_parameters"]
-    # rollout copy and actor hold the same weights at version 0: the log-probs agree. In bfloat16 the
+    # rollout copy and actor hold the same weights at version 0: the log-probs agree, up to bf16's
+    # rounding of two different passes (KV-cached sampling, one full pass: up to ~1e-3 seen). The
     # sharded actor must re-score the data as sampled: Pi0's chains rounded to bf16 on the way in
     # (FSDP's default input cast) put its gap at ~0.2 nats.
-    assert report["logprob_gap_version_0"] < 1e-3
-    assert report["pi0"]["logprob_gap_version_0"] < 1e-3
+    bound = 1e-3 if dtype == "float32" else 1e-2
+    assert report["logprob_gap_version_0"] < bound
+    assert report["pi0"]["logprob_gap_version_0"] < bound
     assert report["maniskill_gpu"] == "skipped: no GPU"
