@@ -98,6 +98,7 @@ class Phases:
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
         self.report[name] = {"seconds": round(time.perf_counter() - start, 6), "peak_memory_gb": round(peak, 3)}
+        log(f"{name}: {self.report[name]['seconds']:.3f} s, peak {self.report[name]['peak_memory_gb']:.2f} GB")
         return result
 
 
