@@ -323,7 +323,7 @@ class ManiSkillSubEnv:
         raw, reward, terminated, truncated, info = self.env.step(action)
         self._raw = raw
         if self.owner._reward is not None:
-            reward = self.owner._named_reward(info, [self.index])[0]
+            reward = self.owner._named_reward(info, [self.index], reward)[0]
         return SubStep(reward=float(_to_numpy(reward).reshape(-1)[0]), success=bool(_flag(info, "success", 1)[0]),
                        terminated=bool(_to_numpy(terminated).any()), truncated=bool(_to_numpy(truncated).any()),
                        fail=bool(_flag(info, "fail", 1)[0]))
@@ -520,7 +520,7 @@ class ManiSkillEnv:
             executed[live] += 1
             step_info = info.get("final_info", info)  # after auto-reset, info is the reset's
             if self._reward is not None:
-                reward = self._named_reward(step_info, range(batch))
+                reward = self._named_reward(step_info, range(batch), reward)
                 self._reward.reset(np.flatnonzero(term | trunc))
             rewards[live] += _to_numpy(reward).reshape(batch).astype(np.float32)[live]
             successes[live] = _flag(step_info, "success", batch)[live]
@@ -545,10 +545,12 @@ class ManiSkillEnv:
                              f"task '{self.task_id}' reports no {missing}: use it with a task that does (the Bridge "
                              "twins), or set env.reward=null to use the task's own reward (env.reward_mode)")
 
-    def _named_reward(self, info: dict, rows) -> np.ndarray:
-        """``env.reward`` for sub-envs ``rows`` from this step's ``info`` (their entries in order)."""
+    def _named_reward(self, info: dict, rows, task_reward) -> np.ndarray:
+        """``env.reward`` for sub-envs ``rows`` from this step's ``info`` and the task's own reward
+        (their entries in order)."""
         rows = list(rows)
         arrays = {k: _to_numpy(info[k]).reshape(len(rows)) for k in self._reward.INFO_KEYS if k in info}
+        arrays["task_reward"] = _to_numpy(task_reward).reshape(len(rows))
         return self._reward.step(arrays, rows)
 
     def _make(self, gym, task: str, kwargs: Dict[str, Any], num_envs: int):

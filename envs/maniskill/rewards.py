@@ -14,6 +14,17 @@ step reward is the change of the potential since the previous step (0 before the
 an episode), so an episode's rewards sum to its final potential (the twins end an episode at
 success, so the success bonus is paid once). ``env.reward_weights`` overrides the weights
 (keys ``grasp``, ``sustained_grasp``, ``success``).
+
+``progress`` (for tasks with a dense reward, ``env.reward_mode=normalized_dense``): a potential
+
+    0.5 * task_reward + 1.0 * success
+
+paid as differences the same way, so an episode's return is its potential at its last step. A
+success (ManiSkill's normalised dense reward is 1 there: 1.5) outranks every failure (< 0.5), and
+failures rank by how close they ended. Group-relative advantages then learn from groups whose
+episodes all fail, which a success reward drops; summing the dense reward itself would instead
+pay a failure that lingers near the goal more than a quick success that ends the episode. Keys:
+``progress``, ``success``.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ class GraspPlaceReward:
 
     INFO_KEYS = ("is_src_obj_grasped", "consecutive_grasp", "success")
     WEIGHTS = {"grasp": 0.1, "sustained_grasp": 0.1, "success": 1.0}
+    NEEDS_TASK_REWARD = False  # whether ``potential`` reads the task's own reward (info["task_reward"])
 
     def __init__(self, num_envs: int, weights: Optional[Mapping[str, float]] = None):
         unknown = sorted(set(weights or {}) - set(self.WEIGHTS))
@@ -62,4 +74,18 @@ class GraspPlaceReward:
         self.previous[np.asarray(rows, dtype=np.int64)] = 0.0
 
 
-REWARDS: Dict[str, type] = {"grasp_place": GraspPlaceReward}
+class ProgressReward(GraspPlaceReward):
+    """The task's dense reward as a potential, plus a success bonus (see the module's docstring)."""
+
+    INFO_KEYS = ("success",)
+    WEIGHTS = {"progress": 0.5, "success": 1.0}
+    NEEDS_TASK_REWARD = True
+    DENSE_MODES = ("dense", "normalized_dense")
+
+    def potential(self, info: Mapping[str, np.ndarray]) -> np.ndarray:
+        success = np.asarray(info["success"], dtype=bool)
+        task_reward = np.asarray(info["task_reward"], dtype=np.float32)
+        return (self.weights["progress"] * task_reward + self.weights["success"] * success).astype(np.float32)
+
+
+REWARDS: Dict[str, type] = {"grasp_place": GraspPlaceReward, "progress": ProgressReward}
