@@ -87,15 +87,19 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     stem = f"{record['date']}-miniature-openvla-pushcube-v1"
     assert copies == [f"{stem}-seed0.json", f"{stem}-seed1.json", f"{stem}.json", f"{stem}.png"]
     assert "success after SFT" in proc.stdout
-    # the value-free lever on a third seed: SFT and its evaluation are kept, one RL run and its evaluation run
+    # the value-free lever on a third seed, scored by progress: SFT and its evaluation are kept, one RL
+    # run and its evaluation run
     proc = _run("openvla", "--smoke", "--out", str(out), "--rl-seeds", "2", "--rl-recipe",
                 "maniskill_miniature_grpo_openvla", "model.lora.enabled=true", "rl:algorithm.group_size=2",
-                "rl:rollout.num_steps=20", "rl:actor.global_batch_size=20", "rl:actor.micro_batch_size=10")
+                "rl:rollout.num_steps=20", "rl:actor.global_batch_size=20", "rl:actor.micro_batch_size=10",
+                "rl:env.reward_mode=normalized_dense", "rl:env.reward=progress")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "sft: done in an earlier run" in proc.stdout and "rl_seed2: starting" in proc.stdout
     with open(out / "rl_seed2" / "metrics.jsonl") as f:
         trained = [r for r in map(json.loads, f) if "train/actor/current_version" in r]
     assert trained and all("train/grpo/groups" in r and "train/critic/value_loss" not in r for r in trained)
+    # a success reward drops every group of a policy that never succeeds; progress ranks failures too
+    assert all(r["train/grpo/groups_dropped"] < r["train/grpo/groups"] for r in trained)
     with open(out / "record.json") as f:
         assert json.load(f)["recipes"]["rl"] == "maniskill_miniature_grpo_openvla"
     # an ablation's other folder: its RL run starts from this SFT checkpoint and reads these demonstrations
