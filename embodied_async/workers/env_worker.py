@@ -40,20 +40,35 @@ def _invalid_rows(out: EnvOutput, max_abs: float) -> np.ndarray:
 
 class EpisodeStats:
     """Per-sub-env running return and length (in env steps, as executed); finished episodes are
-    kept until popped."""
+    kept until popped.
 
-    def __init__(self, num_envs: int):
+    ``first_only`` (group-relative trajectories, each a fixed window from a fresh reset): only
+    each sub-env's first episode since ``restart`` counts, the one that is trained on. The episodes
+    that follow an early end are cut at the window's end unless they end first, and the short
+    ones, mostly successes, would then be counted more often than the long ones."""
+
+    def __init__(self, num_envs: int, first_only: bool = False):
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.first_only = first_only
+        self.counting = np.ones(num_envs, dtype=bool)
         self.finished: List[tuple] = []
 
     def record(self, out: EnvOutput, executed: np.ndarray) -> None:
         self.returns += np.where(out.valid, out.rewards, 0.0)
         self.lengths += executed
-        for i in np.flatnonzero(out.dones & out.valid):
+        for i in np.flatnonzero(out.dones & out.valid & self.counting):
             self.finished.append((self.returns[i], self.lengths[i], bool(out.successes[i])))
         self.returns[out.dones] = 0.0
         self.lengths[out.dones] = 0
+        if self.first_only:
+            self.counting &= ~out.dones
+
+    def restart(self) -> None:
+        """Every sub-env begins a new episode now: running ones are discarded, all count again."""
+        self.returns[:] = 0.0
+        self.lengths[:] = 0
+        self.counting[:] = True
 
 
 class EnvWorker:
@@ -69,7 +84,8 @@ class EnvWorker:
         setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
         stages, per_stage = topology.stages, topology.envs_per_stage
         self.envs = [build_env(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
-        self.stats = [EpisodeStats(per_stage) for _ in range(stages)]
+        grouped = cfg.algorithm.adv_type == "grpo"
+        self.stats = [EpisodeStats(per_stage, first_only=grouped) for _ in range(stages)]
         self.reports_success = self.envs[0].spec.reports_success
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
         self.action_channel.listen([(rank, s) for s in range(stages)])
@@ -82,7 +98,6 @@ class EnvWorker:
         self._pending_puts = [None] * stages
         # algorithm.adv_type=grpo: every trajectory starts each group of group_size sub-envs from
         # one seed, so the group's episodes begin in the same state and their returns compare
-        grouped = cfg.algorithm.adv_type == "grpo"
         self.group_size = int(cfg.algorithm.group_size) if grouped else 0
         self._seed = seed
         self._decisions = [0] * stages  # decisions stepped per stage: trajectory k starts at k x num_steps
@@ -101,16 +116,15 @@ class EnvWorker:
 
     def _begin_groups(self, stage: int, out: EnvOutput) -> EnvOutput:
         """Under grpo, after a trajectory's last decision: every sub-env starts a new episode from
-        its group's seed (the rollout begins the next trajectory with these observations). An
-        episode that began after its sub-env's earlier end and is still running is cut here, never
-        trained on and left out of the episode statistics."""
+        its group's seed (the rollout begins the next trajectory with these observations). The
+        episodes that began after their sub-env's first end are never trained on and left out of
+        the episode statistics (``EpisodeStats.first_only``)."""
         self._decisions[stage] += 1
         if not self.group_size or self._decisions[stage] % self.cfg.rollout.num_steps:
             return out
         out.obs = self._reset(stage).obs
         with self._lock:
-            self.stats[stage].returns[:] = 0.0
-            self.stats[stage].lengths[:] = 0
+            self.stats[stage].restart()
         return out
 
     def spec(self) -> EnvSpec:

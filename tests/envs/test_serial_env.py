@@ -74,6 +74,20 @@ def test_episode_lengths_count_env_steps_as_executed():
     assert [length for _, length, _ in stats.finished] == [2, 2, 2, 9]  # not 4, 4, 4, 12: whole chunks
 
 
+def test_group_windows_count_each_sub_envs_first_episode_only():
+    """Under grpo a short episode (sub-env 0 ends every 2 steps) would otherwise be counted three
+    times in a window where a long one (sub-env 1: 9 steps) is counted once."""
+    env, _ = make()
+    stats = EpisodeStats(2, first_only=True)
+    for window in range(2):
+        env.reset()
+        for _ in range(3):
+            out = env.step(np.zeros((2, 4, 1), np.float32))
+            stats.record(out, out.executed_steps(4))
+        assert [length for _, length, _ in stats.finished] == [2, 9] * (window + 1)
+        stats.restart()  # the next window: both count again
+
+
 def test_reset_envs_restarts_only_those_sub_envs():
     env, subs = make()
     env.reset()
