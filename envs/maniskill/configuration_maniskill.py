@@ -78,7 +78,7 @@ class ManiSkillConfig(EnvConfig):
 
             choice(self.reward, "env.reward", tuple(REWARDS))
             REWARDS[self.reward](1, dict(self.reward_weights))  # unknown weight names fail here
-            dense = getattr(REWARDS[self.reward], "DENSE_MODES", None)
+            dense = REWARDS[self.reward].DENSE_MODES
             require(dense is None or self.reward_mode in dense,
                     f"env.reward={self.reward!r} builds on the task's dense reward, but env.reward_mode="
                     f"{self.reward_mode!r}: set env.reward_mode to one of {list(dense or ())}")

@@ -39,7 +39,7 @@ class GraspPlaceReward:
 
     INFO_KEYS = ("is_src_obj_grasped", "consecutive_grasp", "success")
     WEIGHTS = {"grasp": 0.1, "sustained_grasp": 0.1, "success": 1.0}
-    NEEDS_TASK_REWARD = False  # whether ``potential`` reads the task's own reward (info["task_reward"])
+    DENSE_MODES = None  # the reward modes the task's own reward (info["task_reward"]) must be in, if read
 
     def __init__(self, num_envs: int, weights: Optional[Mapping[str, float]] = None):
         unknown = sorted(set(weights or {}) - set(self.WEIGHTS))
@@ -79,7 +79,6 @@ class ProgressReward(GraspPlaceReward):
 
     INFO_KEYS = ("success",)
     WEIGHTS = {"progress": 0.5, "success": 1.0}
-    NEEDS_TASK_REWARD = True
     DENSE_MODES = ("dense", "normalized_dense")
 
     def potential(self, info: Mapping[str, np.ndarray]) -> np.ndarray:
