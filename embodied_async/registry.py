@@ -137,16 +137,23 @@ def _checked(section: str, cfg: Any, built: Any) -> Any:
     return built
 
 
-def build_policy(model_cfg: ModelConfig, env_spec, device=None) -> Policy:
+def build_policy(model_cfg: ModelConfig, env_spec, device=None, logprob_type: str = "chunk_level") -> Policy:
     """The policy ``model_cfg``'s family builds for ``env_spec``, checked against ``Policy``, on
     ``device``. A builder that takes a ``device`` argument gets it, to load large weights there
     directly (eight processes each holding a 7B copy in host memory at start-up would need
-    ~120 GB); the policy is then moved there as a whole, for the parts built elsewhere."""
+    ~120 GB); the policy is then moved there as a whole, for the parts built elsewhere.
+    ``logprob_type`` (``algorithm.logprob_type``): "token_level" makes the policy report one
+    log-prob per executed action dimension (a family that lists it in ``logprob_types``)."""
     builder = _builder("model", model_cfg)
     if device is not None and "device" in inspect.signature(builder).parameters:
         policy = builder(model_cfg, env_spec, device=device)
     else:
         policy = builder(model_cfg, env_spec)
+    if logprob_type != "chunk_level":
+        if logprob_type not in type(model_cfg).logprob_types:
+            raise ValueError(f"algorithm.logprob_type={logprob_type}: model.name={model_cfg.name} reports "
+                             f"{', '.join(type(model_cfg).logprob_types)} log-probs only")
+        policy.logprob_type = logprob_type
     return _checked("model", model_cfg, policy if device is None else policy.to(device))
 
 

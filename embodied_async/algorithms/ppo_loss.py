@@ -41,6 +41,25 @@ def _fraction(flag: torch.Tensor, mask: torch.Tensor) -> float:
     return float(masked_mean(flag.float(), mask))
 
 
+def _per_element(logprobs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
+                 loss_normalizer: Normalizer) -> tuple[torch.Tensor, torch.Tensor, Normalizer]:
+    """token_level ([N, K] log-probs): each dimension of a decision carries its advantage and mask,
+    and the normaliser counts dimensions. [N] log-probs: all as they are."""
+    if logprobs.dim() != 2:
+        return advantages, loss_mask, loss_normalizer
+    dims = logprobs.shape[1]
+    return (advantages[:, None].expand_as(logprobs), loss_mask[:, None].expand_as(logprobs),
+            None if loss_normalizer is None else loss_normalizer * dims)
+
+
+def _decision_kl(ratio: torch.Tensor, log_ratio: torch.Tensor, decision_mask: torch.Tensor) -> float:
+    """The mean KL per decision (estimator k3 = (r - 1) - log r). Over [N, K] log-probs a decision's
+    KL is the sum of its independent dimensions', so ``algorithm.target_kl`` means the same at
+    either log-prob level."""
+    k3 = (ratio - 1.0) - log_ratio
+    return float(masked_mean(k3.sum(dim=1) if k3.dim() == 2 else k3, decision_mask))
+
+
 def decoupled_ppo_actor_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
@@ -55,21 +74,25 @@ def decoupled_ppo_actor_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO policy loss with dual clip and behaviour-weight masking.
 
-    All log-probs are per action (summed over action dims), shape [N]. Only
-    `logprobs` receives gradient.
+    Log-probs are one per decision, shape [N] (``algorithm.logprob_type=chunk_level``: summed
+    over the executed actions and dimensions), or one per executed action dimension, [N, K]
+    (``token_level``): then every dimension has its own ratio, clipped on its own, the advantage
+    and mask of its decision, and the loss is the mean over dimensions (RLinf's token-level
+    ratio). Only `logprobs` receives gradient.
 
     Args:
         logprobs: log pi_theta(a), current policy.
         proximal_logprobs: log pi_p(a), anchor of the trust region.
         behaviour_logprobs: log pi_b(a), the policy that sampled a.
-        advantages: [N] advantage estimates.
+        advantages: [N] advantage estimates (one per decision).
         loss_mask: [N] bool; False entries contribute nothing.
         clip_ratio_low / clip_ratio_high: ratio clipped to [1 - low, 1 + high].
         clip_ratio_c: dual-clip constant (> 1) bounding the loss for A < 0;
             None disables dual clip.
         behave_weight_threshold: samples with w = pi_p / pi_b above this are
             masked out (too off-policy); None disables.
-        loss_normalizer: optional denominator (e.g. global token count).
+        loss_normalizer: optional denominator, a count of decisions (e.g. the global count of
+            valid ones); with [N, K] log-probs it is scaled by K.
 
     Returns:
         (scalar loss, metrics dict of python floats).
@@ -78,10 +101,10 @@ def decoupled_ppo_actor_loss(
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     if loss_mask is None:
         loss_mask = torch.ones_like(advantages, dtype=torch.bool)
-    loss_mask = loss_mask.bool()
-    advantages = advantages.detach()
-    proximal_logprobs = proximal_logprobs.detach()
-    behaviour_logprobs = behaviour_logprobs.detach()
+    decision_mask = loss_mask.bool()
+    advantages, loss_mask, loss_normalizer = _per_element(logprobs, advantages.detach(), decision_mask,
+                                                          loss_normalizer)
+    proximal_logprobs, behaviour_logprobs = proximal_logprobs.detach(), behaviour_logprobs.detach()
 
     log_ratio = logprobs - proximal_logprobs
     ratio = torch.exp(log_ratio)
@@ -110,11 +133,11 @@ def decoupled_ppo_actor_loss(
     per_sample = behav_weight * per_sample
     loss = masked_mean(per_sample, effective_mask, loss_normalizer)
 
-    with torch.no_grad():  # the KLs are the low-variance estimator k3 = (r - 1) - log r
+    with torch.no_grad():
         metrics = {
             "train/actor/policy_loss": float(loss),
-            "train/actor/proximal_approx_kl": float(masked_mean((ratio - 1.0) - log_ratio, loss_mask)),
-            "train/actor/behav_approx_kl": float(masked_mean((behav_weight - 1.0) - log_behav_weight, loss_mask)),
+            "train/actor/proximal_approx_kl": _decision_kl(ratio, log_ratio, decision_mask),
+            "train/actor/behav_approx_kl": _decision_kl(behav_weight, log_behav_weight, decision_mask),
             "train/actor/clip_fraction": _fraction(pg_loss2 > pg_loss1, loss_mask),
             "train/actor/dual_clip_fraction": _fraction(dual_active, loss_mask),
             "train/actor/behav_clip_fraction": _fraction(behav_masked, loss_mask),

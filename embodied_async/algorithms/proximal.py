@@ -27,18 +27,20 @@ def interpolate_proximal_logprobs(
     samples (v_b = V - 1) get alpha = 1/2.
 
     Args:
-        behaviour_logprobs: [N] log pi_b(a).
-        current_logprobs: [N] log pi_theta(a).
+        behaviour_logprobs: [N] log pi_b(a) ([N, K] per action dimension, token_level).
+        current_logprobs: log pi_theta(a), the same shape.
         behaviour_versions: [N] int policy version that sampled each action.
         proximal_version: v_p.
         current_version: v_theta.
 
     Returns:
-        [N] detached proximal log-probs.
+        detached proximal log-probs, the shape of ``behaviour_logprobs``.
     """
     behaviour_logprobs = behaviour_logprobs.detach().float()
     current_logprobs = current_logprobs.detach().float()
     v_b = behaviour_versions.to(behaviour_logprobs.device).float()
+    if behaviour_logprobs.dim() == 2:  # token_level: [N, K], one version per decision
+        v_b = v_b[:, None]
     numer = float(proximal_version) - v_b
     denom = float(current_version) - v_b
     # Avoid 0/0: where the current policy *is* the behaviour policy, alpha = 0.

@@ -42,6 +42,7 @@ class ClusterConfig:
 
 # model.precision: the names of the torch dtypes a policy computes in (and keeps frozen weights in)
 PRECISIONS = ("float32", "bfloat16")
+LOGPROB_TYPES = ("chunk_level", "token_level")  # algorithm.logprob_type
 
 
 @dataclass
@@ -148,6 +149,9 @@ class ModelConfig:
     add_value_head: Optional[bool] = None
 
     builder: ClassVar[str] = ""  # "module:callable"
+    # the levels of log-prob the family's policy reports (algorithm.logprob_type); a family with
+    # "token_level" has a ``logprob_type`` attribute that build_policy sets
+    logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level",)
     # the recipe to suggest when a GPU recipe of this family meets a machine without GPUs
     cpu_recipe: ClassVar[Optional[str]] = None
     # the module holding the family's dry-run arithmetic (see memory_estimate)
@@ -201,6 +205,13 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual clip for negative advantages
+    # what the PPO ratio is taken of (RLinf's key): "chunk_level", one log-prob per decision (summed
+    # over the chunk's executed actions and their dimensions), or "token_level", one per executed
+    # action dimension (OpenVLA's action tokens, Pi0's action entries), each with its own ratio and
+    # clip, the loss averaged over them. A chunk's ratio is the product of its K dimensions' ratios,
+    # so it leaves the clip range after small moves of each; token_level needs a family that reports
+    # per-dimension log-probs (ModelConfig.logprob_types)
+    logprob_type: str = "chunk_level"
     # samples whose proximal/behaviour weight exceeds this are masked out; None disables
     behave_weight_threshold: Optional[float] = 2.0
     value_clip: Optional[float] = None  # None: no clipping around the rollout-time value

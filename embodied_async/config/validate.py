@@ -15,7 +15,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
-from embodied_async.config.schema import PRECISIONS, TrainConfig
+from embodied_async.config.schema import LOGPROB_TYPES, PRECISIONS, TrainConfig
 from embodied_async.config.topology import Topology, resolve_topology
 
 FAMILY_SECTIONS = ("model", "env")
@@ -244,6 +244,11 @@ def _check_algorithm(cfg: TrainConfig) -> None:
     bound(alg.clip_ratio_low, "algorithm.clip_ratio_low", lambda v: v < 1, "must be < 1",
           "the lower clip 1 - clip_ratio_low must stay positive: use e.g. 0.2")
     bound(alg.clip_ratio_c, "algorithm.clip_ratio_c", lambda v: v > 1.0, "(dual clip) must be > 1", "use e.g. 3.0")
+    choice(alg.logprob_type, "algorithm.logprob_type", LOGPROB_TYPES)
+    supported = type(cfg.model).logprob_types
+    require(alg.logprob_type in supported,
+            f"algorithm.logprob_type={alg.logprob_type}: the '{cfg.model.name}' policy family reports "
+            f"{' or '.join(supported)} log-probs only; use algorithm.logprob_type=chunk_level")
     bound(alg.behave_weight_threshold, "algorithm.behave_weight_threshold", lambda v: v > 1.0, "must be > 1",
           "samples whose proximal/behaviour weight exceeds it are masked, and a fresh sample's weight is 1, "
           "so <= 1 masks (nearly) every sample: use e.g. 2.0", null="to disable it")

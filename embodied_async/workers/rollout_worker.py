@@ -56,7 +56,8 @@ class RolloutWorker:
         self.cfg, self.rank, self.env_ranks = cfg, rank, topology.env_ranks(rank)
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
-        self.policy = build_policy(cfg.model, env_spec, device=self.device).eval()
+        self.policy = build_policy(cfg.model, env_spec, device=self.device,
+                                   logprob_type=cfg.algorithm.logprob_type).eval()
         self.reports_success = env_spec.reports_success
         torch.manual_seed(seed)  # each rollout rank draws its own exploration noise
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions

@@ -147,7 +147,8 @@ class TrainerCore:
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
         torch.manual_seed(self.cfg.runner.seed)  # same initial weights on every rank
-        policy = build_policy(self.cfg.model, self.env_spec, device=self.device)
+        policy = build_policy(self.cfg.model, self.env_spec, device=self.device,
+                              logprob_type=self.cfg.algorithm.logprob_type)
         if self.cfg.model.init_from:
             load_initial_weights(policy, self.cfg.model.init_from, self.cfg.model)
         self.prepare_policy(policy)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, List, Optional
+from typing import ClassVar, List, Optional, Tuple
 
 from embodied_async.config.checks import bound, choice
 from embodied_async.config.schema import ModelConfig
@@ -48,6 +48,7 @@ class OpenVLAPolicyConfig(ModelConfig):
     tiny_image_size: int = 224
 
     builder: ClassVar[str] = "models.openvla.policy_openvla:build_openvla_policy"
+    logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level", "token_level")
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla_tiny"
     memory_model: ClassVar[Optional[str]] = "models.openvla.memory"
 

@@ -98,6 +98,8 @@ class OpenVLAPolicy(nn.Module):
     """
 
     value_parameter_prefixes = ("value_head.",)
+    # "token_level": one log-prob per action token (build_policy sets it from algorithm.logprob_type)
+    logprob_type = "chunk_level"
 
     def __init__(self, vla: OpenVLAModel, unnorm_key: Optional[str] = None, temperature: float = 1.0,
                  top_k: Optional[int] = None, lora_rank: int = 0, lora_alpha: float = 32,
@@ -308,18 +310,19 @@ class OpenVLAPolicy(nn.Module):
     # ------------------------------------------------------------------------------ protocol
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor,
                  mode: str = "train") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """KV-cached decoding of ``action_dim`` tokens -> (tokens [B, A], logprobs, entropy, values [B])."""
+        """KV-cached decoding of ``action_dim`` tokens -> (tokens [B, A], logprobs [B] (token_level:
+        [B, A]), entropy, values [B])."""
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         with inference(self):
             hidden, mask, cache = self._prefill(input_ids, attention_mask, pixel_values, use_cache=True)
             last = hidden[:, -1]
             values = None if self.privileged_value else self._value(last)
-            tokens, logprob, entropy = [], 0.0, 0.0
+            tokens, token_logprobs, entropy = [], [], 0.0
             for step in range(self.action_dim):
                 logp = self._action_log_probs(last)
                 index = self._choose(logp, mode)
-                logprob = logprob + logp.gather(-1, index[:, None]).squeeze(-1)
+                token_logprobs.append(logp.gather(-1, index[:, None]).squeeze(-1))
                 entropy = entropy + self._entropy(logp)
                 token = index + self.token_low
                 tokens.append(token)
@@ -329,7 +332,11 @@ class OpenVLAPolicy(nn.Module):
                 embeds = self.vla.language_model.get_input_embeddings()(token[:, None])
                 hidden, cache = self._llm(embeds, mask, cache=cache, use_cache=True)
                 last = hidden[:, -1]
-        return torch.stack(tokens, dim=1), logprob, entropy, values
+        return torch.stack(tokens, dim=1), self._decision_logprobs(torch.stack(token_logprobs, dim=1)), entropy, values
+
+    def _decision_logprobs(self, token_logprobs: torch.Tensor) -> torch.Tensor:
+        """[B, A] per action token -> [B] summed (chunk_level), or as they are (token_level)."""
+        return token_logprobs if self.logprob_type == "token_level" else token_logprobs.sum(-1)
 
     def tokens_to_actions(self, tokens: torch.Tensor) -> torch.Tensor:
         """Action tokens [B, A] -> un-normalised float32 actions [B, 1, A] (on the tokens' device)."""
@@ -380,7 +387,8 @@ class OpenVLAPolicy(nn.Module):
 
     def evaluate(self, forward_inputs: Dict[str, torch.Tensor], actions=None
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One teacher-forced pass over prompt + stored action tokens -> (logprobs, entropy, values) [B].
+        """One teacher-forced pass over prompt + stored action tokens -> (logprobs, entropy, values) [B]
+        (logprobs [B, A] per token under token_level).
 
         ``actions`` is unused: the stored ``action_tokens`` define the decision exactly (the
         continuous actions are bin centres and would not identify out-of-range samples).
@@ -397,7 +405,7 @@ class OpenVLAPolicy(nn.Module):
         n = tokens.shape[1]
         logp = self._action_log_probs(hidden[:, -n - 1:-1])  # position t predicts token t + 1
         index = (tokens.long() - self.token_low).clamp(0, logp.shape[-1] - 1)
-        logprobs = logp.gather(-1, index[..., None]).squeeze(-1).sum(-1)
+        logprobs = self._decision_logprobs(logp.gather(-1, index[..., None]).squeeze(-1))
         value_input = forward_inputs["privileged_states"] if self.privileged_value else hidden[:, -n - 1]
         return logprobs, self._entropy(logp).sum(-1), self._value(value_input)
 

@@ -2,9 +2,11 @@
 
 The rollout keeps the whole chain ``x_{t_0} .. x_{t_N}`` it drew (and, for ``flow_sde``, which step
 was stochastic); the actor recomputes the velocities along that same chain under its current
-weights, so the ratio of new to old log-probs is that of the same sample. Log-probs sum over the
+weights, so the ratio of new to old log-probs is that of the same sample. Log-probs cover the
 executed part of the chunk (its first ``executed_actions`` actions) and the real action
-dimensions only: the rest of the chunk and the padding dimensions never reach the env.
+dimensions only: the rest of the chunk and the padding dimensions never reach the env. They are
+summed over those entries (one per decision), or kept per entry (``per_dimension``:
+``algorithm.logprob_type=token_level``), flattened to ``executed_actions x action_dim``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ def executed_sum(values: torch.Tensor, settings: ChainSettings) -> torch.Tensor:
     return values[:, :settings.executed_actions, :settings.action_dim].sum(dim=(1, 2))
 
 
+def executed_log_prob(values: torch.Tensor, settings: ChainSettings, per_dimension: bool) -> torch.Tensor:
+    """Log-densities [B, chunk, dims] -> [B] summed over the executed entries, or (per_dimension)
+    [B, executed_actions x action_dim]."""
+    if per_dimension:
+        return values[:, :settings.executed_actions, :settings.action_dim].flatten(1).float()
+    return executed_sum(values, settings).float()
+
+
 def _transition(model, prefix, state, x, time: torch.Tensor, settings: ChainSettings,
                 noise_head: Optional[Callable]):
     """(Euler mean, stochastic mean, std) of the step from ``x`` at per-sample ``time`` [B], in
@@ -58,10 +68,11 @@ def _transition(model, prefix, state, x, time: torch.Tensor, settings: ChainSett
 
 
 def sample_chain(model, prefix, state: torch.Tensor, noise: torch.Tensor, settings: ChainSettings,
-                 noise_head: Optional[Callable] = None, generator: Optional[torch.Generator] = None
-                 ) -> Dict[str, torch.Tensor]:
+                 noise_head: Optional[Callable] = None, generator: Optional[torch.Generator] = None,
+                 per_dimension: bool = False) -> Dict[str, torch.Tensor]:
     """Draw a chain from ``noise`` -> {"chain" [B, steps+1, chunk, A], "stochastic_step" [B] (-1
-    when none), "logprob" [B], "entropy" [B], "actions" (the chain's end)}."""
+    when none), "logprob" [B] (per_dimension: [B, executed_actions x action_dim]), "entropy" [B],
+    "actions" (the chain's end)}."""
     batch, device = noise.shape[0], noise.device
     noise = noise.float()
     times = settings.times(device)
@@ -70,8 +81,9 @@ def sample_chain(model, prefix, state: torch.Tensor, noise: torch.Tensor, settin
     else:
         stochastic = torch.full((batch,), -1, dtype=torch.long, device=device)
     x, chain = noise, [noise]
-    logprob = torch.zeros(batch, dtype=torch.float32, device=device)
-    entropy = torch.zeros_like(logprob)
+    dims = settings.executed_actions * settings.action_dim
+    logprob = torch.zeros((batch, dims) if per_dimension else (batch,), dtype=torch.float32, device=device)
+    entropy = torch.zeros(batch, dtype=torch.float32, device=device)
     for k in range(settings.steps):
         euler, mean, std = _transition(model, prefix, state, x, times[k].expand(batch), settings, noise_head)
         eps = torch.randn(x.shape, generator=generator).to(device)
@@ -82,17 +94,20 @@ def sample_chain(model, prefix, state: torch.Tensor, noise: torch.Tensor, settin
         x = torch.where(pick[:, None, None], mean + std * eps, euler)
         chain.append(x)
         if pick.any():
-            logprob = logprob + torch.where(pick, executed_sum(gaussian_log_prob(x, mean, std), settings).float(), 0.0)
+            rows = pick[:, None] if per_dimension else pick
+            logprob = logprob + torch.where(rows, executed_log_prob(gaussian_log_prob(x, mean, std), settings,
+                                                                    per_dimension), 0.0)
             entropy = entropy + torch.where(pick, executed_sum(_gaussian_entropy(std), settings).float(), 0.0)
     return {"chain": torch.stack(chain, dim=1), "stochastic_step": stochastic, "logprob": logprob,
             "entropy": entropy, "actions": x}
 
 
 def chain_log_prob(model, prefix, state: torch.Tensor, chain: torch.Tensor, stochastic_step: torch.Tensor,
-                   settings: ChainSettings, noise_head: Optional[Callable] = None
+                   settings: ChainSettings, noise_head: Optional[Callable] = None, per_dimension: bool = False
                    ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Re-score a stored chain under the current weights -> (logprob [B], entropy [B]), with
-    gradients. ``flow_sde`` recomputes only each sample's stochastic step; ``flow_noise`` every step."""
+    """Re-score a stored chain under the current weights -> (logprob [B] or, per_dimension,
+    [B, executed_actions x action_dim]; entropy [B]), with gradients. ``flow_sde`` recomputes only
+    each sample's stochastic step; ``flow_noise`` every step."""
     batch, device = chain.shape[0], chain.device
     chain = chain.float()
     times = settings.times(device)
@@ -100,14 +115,16 @@ def chain_log_prob(model, prefix, state: torch.Tensor, chain: torch.Tensor, stoc
         rows = torch.arange(batch, device=device)
         x, target = chain[rows, stochastic_step], chain[rows, stochastic_step + 1]
         _, mean, std = _transition(model, prefix, state, x, times[stochastic_step], settings, noise_head)
-        return (executed_sum(gaussian_log_prob(target, mean, std), settings).float(),
+        return (executed_log_prob(gaussian_log_prob(target, mean, std), settings, per_dimension),
                 executed_sum(_gaussian_entropy(std), settings).float())
     if settings.method != "flow_noise":
         raise ValueError(f"{settings.method} draws no stochastic step: it has no log-prob (use it to evaluate)")
-    logprob = entropy = torch.zeros(batch, dtype=torch.float32, device=device)
+    dims = settings.executed_actions * settings.action_dim
+    logprob = torch.zeros((batch, dims) if per_dimension else (batch,), dtype=torch.float32, device=device)
+    entropy = torch.zeros(batch, dtype=torch.float32, device=device)
     for k in range(settings.steps):
         _, mean, std = _transition(model, prefix, state, chain[:, k], times[k].expand(batch), settings, noise_head)
-        logprob = logprob + executed_sum(gaussian_log_prob(chain[:, k + 1], mean, std), settings).float()
+        logprob = logprob + executed_log_prob(gaussian_log_prob(chain[:, k + 1], mean, std), settings, per_dimension)
         entropy = entropy + executed_sum(_gaussian_entropy(std), settings).float()
     return logprob, entropy
 

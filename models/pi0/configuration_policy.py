@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 from embodied_async.config.checks import bound, choice, require
 from embodied_async.config.schema import ModelConfig
@@ -67,6 +67,7 @@ class Pi0PolicyConfig(ModelConfig):
     tiny_image_size: int = 224
 
     builder: ClassVar[str] = "models.pi0.policy_pi0:build_pi0_policy"
+    logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level", "token_level")
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openpi_tiny"
     memory_model: ClassVar[Optional[str]] = "models.pi0.memory"
 

@@ -60,6 +60,8 @@ class Pi0Policy(nn.Module):
     """
 
     value_parameter_prefixes = ("value_head.",)
+    # "token_level": log-probs per executed action entry (build_policy sets it from algorithm.logprob_type)
+    logprob_type = "chunk_level"
 
     def __init__(self, model: Pi0Model, normalization: Normalization, tokenize: Callable[[str], List[int]],
                  settings: ChainSettings, camera_keys: Sequence[str] = ("main_images",), value_input: str = "expert",
@@ -198,7 +200,8 @@ class Pi0Policy(nn.Module):
             state = inputs["state"]
             noise = torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim, device=self.device)
             method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
-            drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head)
+            drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head,
+                                 per_dimension=self.logprob_type == "token_level")
             values = self._value(prefix, hidden, state, inputs)
             if self.privileged_value and mode == "train":  # the critic's running statistics learn from it
                 self.value_head.observe(inputs["privileged_states"])
@@ -220,13 +223,15 @@ class Pi0Policy(nn.Module):
 
     def evaluate(self, forward_inputs: Dict[str, torch.Tensor], actions=None
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Re-score the stored chains -> (logprobs, entropy, values) [B], with gradients.
-        ``actions`` is unused: the chain defines the decision exactly."""
+        """Re-score the stored chains -> (logprobs, entropy, values) [B] (logprobs per executed action
+        entry, [B, K], under token_level), with gradients. ``actions`` is unused: the chain defines
+        the decision exactly."""
         inputs = {k: v.to(self.device) for k, v in forward_inputs.items()}
         prefix, hidden = self._prefix(inputs)
         state = inputs["state"]
         logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"], inputs["stochastic_step"],
-                                           self.settings, self.noise_head)
+                                           self.settings, self.noise_head,
+                                           per_dimension=self.logprob_type == "token_level")
         return logprobs, entropy, self._value(prefix, hidden, state, inputs)
 
 

@@ -87,6 +87,10 @@ BAD = [
     ("algorithm.clip_ratio_low=1.0", "algorithm.clip_ratio_low=1.0 must be < 1", "must stay positive"),
     ("algorithm.clip_ratio_high=-0.1", "algorithm.clip_ratio_high=-0.1", "use e.g. 0.2"),
     ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c=0.5", "use e.g. 3.0"),
+    ("algorithm.logprob_type=sequence", "algorithm.logprob_type='sequence' is not allowed",
+     "use one of: chunk_level, token_level"),
+    ("algorithm.logprob_type=token_level", "algorithm.logprob_type=token_level: the 'mlp' policy family reports "
+     "chunk_level log-probs only", "use algorithm.logprob_type=chunk_level"),
     ("algorithm.huber_delta=0", "algorithm.huber_delta=0.0", "use e.g. 10.0"),
     ("algorithm.entropy_coef=-0.01", "algorithm.entropy_coef=-0.01", "use 0 to turn the term off"),
     # optimiser

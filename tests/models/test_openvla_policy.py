@@ -243,3 +243,17 @@ def test_dataset_statistics_shipped_beside_a_checkpoint_are_merged(tmp_path):
     # the file wins
     assert _policy(folder, unnorm_key="tiny").action_stats["q99"].tolist() == finetuned["action"]["q99"]
     assert sorted(load_openvla(folder).config.norm_stats) == ["bridge_orig", "tiny"]
+
+
+def test_token_level_log_probs_are_one_per_action_token(tiny_folder):
+    """algorithm.logprob_type=token_level: one log-prob per action token; predict and evaluate
+    agree, and the tokens' log-probs sum to the decision's."""
+    policy = _policy(tiny_folder)
+    policy.logprob_type = "token_level"
+    out = policy.predict(_obs(), "train")
+    assert out.logprobs.shape == (3, 7) and (out.logprobs <= 0).all()
+    logprobs, _, _ = policy.evaluate(out.forward_inputs, out.actions)
+    torch.testing.assert_close(logprobs, out.logprobs, atol=1e-5, rtol=0)
+    policy.logprob_type = "chunk_level"
+    decision, _, _ = policy.evaluate(out.forward_inputs, out.actions)
+    torch.testing.assert_close(logprobs.sum(1), decision, atol=1e-5, rtol=0)

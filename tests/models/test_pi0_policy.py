@@ -131,3 +131,20 @@ def test_an_absent_camera_left_out_gives_what_lerobots_masked_blank_image_gives(
     # the valid tokens' hidden states (what the prefix value head averages); masked rows attend to nothing
     kept = torch.cat([ref_hidden[:, :512], ref_hidden[:, 768:]], dim=1)[pad]
     torch.testing.assert_close(hidden[pad], kept, atol=1e-5 * float(kept.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("method", ["flow_sde", "flow_noise"])
+def test_token_level_log_probs_are_the_executed_entries_of_the_decision_log_prob(method):
+    """algorithm.logprob_type=token_level: one log-prob per executed action entry (5 actions x 7
+    dimensions), predict and evaluate agree, and they sum to the decision's log-prob."""
+    policy = make_policy(method)
+    policy.logprob_type = "token_level"
+    torch.manual_seed(3)
+    out = policy.predict(observations())
+    assert out.logprobs.shape == (3, 5 * 7)
+    logprobs, entropy, _ = policy.evaluate(out.forward_inputs)
+    torch.testing.assert_close(logprobs, out.logprobs, atol=1e-5, rtol=0)
+    assert entropy.shape == (3,)
+    policy.logprob_type = "chunk_level"
+    decision, _, _ = policy.evaluate(out.forward_inputs)
+    torch.testing.assert_close(logprobs.sum(1), decision, atol=1e-4, rtol=0)
