@@ -27,6 +27,8 @@ class ChainSettings:
     action_dim: int  # real action dimensions (the rest is padding)
     noise_level: float = 0.5  # flow_sde
     noise_std_bounds: Tuple[float, float] = (0.08, 0.16)  # flow_noise
+    # std of the chain's start x_{t_0} (model.initial_noise_scale): 1 draws it from the flow's N(0, I)
+    initial_noise_scale: float = 1.0
 
     @property
     def step_size(self) -> float:

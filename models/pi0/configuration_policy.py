@@ -41,6 +41,12 @@ class Pi0PolicyConfig(ModelConfig):
     num_steps: Optional[int] = None  # denoising steps; None: the checkpoint's num_inference_steps
     noise_level: float = 0.5  # flow_sde: scale of the SDE's noise
     noise_std_bounds: List[float] = field(default_factory=lambda: [0.08, 0.16])  # flow_noise: [low, high]
+    # std of every chain's starting point, rolling out and evaluating: 1 draws it from the flow's
+    # N(0, I) as LeRobot samples; 0 starts every chain from zero, so a sampled chain's randomness
+    # lies wholly in its stochastic steps, the part its log-prob credits. With a random start most
+    # of the actions' spread comes from a draw no log-prob term sees, and RL's advantages mostly
+    # reward that luck (benchmarks/2026-12-04-pi0-initial-noise.md)
+    initial_noise_scale: float = 1.0
     # what the value head reads: the action expert ("expert"), the prefix, or the env's privileged
     # state vector ("privileged_states", with env.privileged_states=true: an asymmetric critic that
     # sees the simulator's state while the policy sees images and proprioception; training only)
@@ -88,6 +94,8 @@ class Pi0PolicyConfig(ModelConfig):
         bound(self.num_steps, "model.num_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 4",
               null="for the checkpoint's own number")
         bound(self.noise_level, "model.noise_level", lambda v: v > 0, "must be > 0", "use e.g. 0.5")
+        bound(self.initial_noise_scale, "model.initial_noise_scale", lambda v: v >= 0, "must be >= 0",
+              "use 1 (the flow's own noise) or 0 (every chain starts from zero)")
         low_high = list(self.noise_std_bounds)
         require(len(low_high) == 2 and 0 < low_high[0] <= low_high[1],
                 f"model.noise_std_bounds={low_high} must be [low, high] with 0 < low <= high; use e.g. [0.08, 0.16]")

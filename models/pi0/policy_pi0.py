@@ -198,7 +198,8 @@ class Pi0Policy(nn.Module):
             inputs = self.observation_inputs(obs, critic=mode == "train")
             prefix, hidden = self._prefix(inputs)
             state = inputs["state"]
-            noise = torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim, device=self.device)
+            noise = settings.initial_noise_scale * torch.randn(state.shape[0], arch.chunk_size, arch.max_action_dim,
+                                                               device=self.device)
             method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
             drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head,
                                  per_dimension=self.logprob_type == "token_level")
@@ -333,7 +334,8 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     if state_dim:
         normalization.check_dims(state_dim, action_dim, source)
     settings = ChainSettings(model_cfg.noise_method, model_cfg.num_steps or arch.num_inference_steps, executed,
-                             action_dim, model_cfg.noise_level, tuple(model_cfg.noise_std_bounds))
+                             action_dim, model_cfg.noise_level, tuple(model_cfg.noise_std_bounds),
+                             model_cfg.initial_noise_scale)
     lora = model_cfg.lora
     return Pi0Policy(model, normalization, load_tokenizer(model_cfg.tokenizer, arch.vocab_size), settings,
                      camera_keys=keys, value_input=model_cfg.value_input,

@@ -148,3 +148,19 @@ def test_token_level_log_probs_are_the_executed_entries_of_the_decision_log_prob
     policy.logprob_type = "chunk_level"
     decision, _, _ = policy.evaluate(out.forward_inputs)
     torch.testing.assert_close(logprobs.sum(1), decision, atol=1e-4, rtol=0)
+
+
+def test_a_zero_initial_noise_scale_starts_every_chain_from_zero():
+    """model.initial_noise_scale=0: the flow integrates from zero, so the ODE rule is deterministic
+    and a sampled chain's only randomness is its stochastic step (the part its log-prob credits)."""
+    policy = make_policy("flow_sde")
+    policy.settings = ChainSettings("flow_sde", 4, 5, 7, initial_noise_scale=0.0)
+    obs = observations()
+    first, second = policy.predict(obs, "eval"), policy.predict(obs, "eval")
+    torch.testing.assert_close(first.actions, second.actions)
+    drawn = policy.predict(obs, "train")
+    assert float(drawn.forward_inputs["chain"][:, 0].abs().max()) == 0.0
+    logprobs, _, _ = policy.evaluate(drawn.forward_inputs)
+    torch.testing.assert_close(logprobs, drawn.logprobs, atol=1e-5, rtol=0)
+    policy.settings = ChainSettings("flow_sde", 4, 5, 7)
+    assert float(policy.predict(obs, "train").forward_inputs["chain"][:, 0].abs().max()) > 0.5
