@@ -71,13 +71,16 @@ class Family:
     # the model keys that shape the sampled policy: the SFT checkpoint's sampled evaluation takes
     # the RL recipe's values (and rl: overrides of them), so before and after RL sample alike
     sampling_keys: Sequence[str] = ()
+    # the model keys that shape both decision rules: both evaluations of the SFT checkpoint take the
+    # RL recipe's values, so before and after RL decide alike
+    rule_keys: Sequence[str] = ()
 
 
 FAMILIES: Dict[str, Family] = {
     "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens",
                       ("temperature", "top_k")),
     "pi0": Family("maniskill_miniature_sft_openpi", "maniskill_miniature_ppo_openpi", "flow_ode (no noise)",
-                  ("noise_method", "noise_level", "num_steps")),
+                  ("noise_method", "noise_level", "num_steps"), ("initial_noise_scale",)),
 }
 
 
@@ -258,10 +261,12 @@ class Pipeline:
         return {"log": log, "checkpoint": last_checkpoint(log)}
 
     def _eval_sft(self) -> Dict:
-        return self._evaluate("eval_sft", self.state["phases"]["sft"]["checkpoint"], self._rl_sampling())
+        return self._evaluate("eval_sft", self.state["phases"]["sft"]["checkpoint"],
+                              self._rl_model_values(self.family.sampling_keys),
+                              self._rl_model_values(self.family.rule_keys))
 
-    def _rl_sampling(self) -> List[str]:
-        """``model.<key>=<value>`` of the RL recipe's sampled policy (its YAML, then rl: overrides)."""
+    def _rl_model_values(self, keys: Sequence[str]) -> List[str]:
+        """``model.<key>=<value>`` of the RL recipe for ``keys`` (its YAML, then rl: overrides)."""
         from omegaconf import OmegaConf
 
         def recipe_model(name: str) -> Dict:  # the recipe's model section over those of the recipes it extends
@@ -274,10 +279,10 @@ class Pipeline:
             return model
 
         model = recipe_model(self.family.rl_recipe)
-        values = {f"model.{key}": f"model.{key}={model[key]}" for key in self.family.sampling_keys if key in model}
+        values = {f"model.{key}": f"model.{key}={model[key]}" for key in keys if key in model}
         for item in (*self.common, *self.rl_only):
             key = item.split("=", 1)[0]
-            if key in {f"model.{k}" for k in self.family.sampling_keys}:
+            if key in {f"model.{k}" for k in keys}:
                 values[key] = item
         return list(values.values())
 
@@ -306,11 +311,11 @@ class Pipeline:
                    "--config-name", recipe, f"runner.logger.log_path={log}", *overrides]
         self._call(phase, command)
 
-    def _evaluate(self, phase: str, checkpoint: str, sampling: Sequence[str] = ()) -> Dict:
+    def _evaluate(self, phase: str, checkpoint: str, sampling: Sequence[str] = (), rule: Sequence[str] = ()) -> Dict:
         """The checkpoint on the shared episode seeds, with the deterministic decision rule (the
         phase's result) and with the sampled policy (under ``sampled``; ``sampling``: overrides
-        that make it the RL recipe's)."""
-        results = {}
+        that make it the RL recipe's; ``rule``: those that make both rules the RL recipe's)."""
+        results, rule_overrides = {}, list(rule)
         for rule in DECISION_RULES:
             name = phase if rule == "deterministic" else f"{phase}_sampled"
             report = os.path.join(self.out, f"{name}.json")
@@ -318,7 +323,7 @@ class Pipeline:
             num_envs = max(d for d in range(1, 9) if episodes % d == 0)
             command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), checkpoint, "--episodes",
                        str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
-                       "--json", report, *(["--sampled", *sampling] if rule == "sampled" else [])]
+                       "--json", report, *rule_overrides, *(["--sampled", *sampling] if rule == "sampled" else [])]
             self._call(name, command)
             with open(report) as f:
                 result = json.load(f)
@@ -365,13 +370,15 @@ class Pipeline:
                         "smoke": self.args.smoke, "overrides": self.common},
             "sft": {"steps": sizes.sft_steps, "overrides": self.sft_only},
             "eval_sft": {"episodes": sizes.eval_episodes, "rules": list(DECISION_RULES),
-                         "sampling": self._rl_sampling()},
+                         "sampling": self._rl_model_values(self.family.sampling_keys),
+                         **({"rule": rule} if (rule := self._rl_model_values(self.family.rule_keys)) else {})},
         }[phase]
 
     def _take_sft_phases(self, source: str) -> None:
         """``--sft-from``: the SFT phases (and their results) of the pipeline in ``source``, which
         must have finished them with this command's settings; RL runs here that stood on other
-        SFT phases run again."""
+        SFT phases run again. Its evaluation of the SFT checkpoint is taken where it decided as
+        this command's RL recipe does, and runs again here where not (``Family.rule_keys``)."""
         if source == self.out:
             raise PipelineError(f"--sft-from {source} is this run's own --out: name another pipeline's folder")
         if not os.path.isfile(os.path.join(source, STATE_FILE)):
@@ -381,13 +388,22 @@ class Pipeline:
             if phase not in theirs:
                 raise PipelineError(f"--sft-from {source}: its {phase} phase has not finished: run the miniature "
                                     "there first")
+        theirs = {phase: theirs[phase] for phase in SFT_PHASES}
+        if theirs["eval_sft"].get("settings") != self._phase_settings("eval_sft"):
+            del theirs["eval_sft"]
+            print(f"[miniature] --sft-from {source}: its SFT evaluation decided otherwise than this RL recipe "
+                  "does: it runs again here", flush=True)
+        for phase in theirs:
             if theirs[phase].get("settings") != self._phase_settings(phase):
                 raise PipelineError(f"--sft-from {source}: its {phase} phase ran with {theirs[phase].get('settings')}, "
                                     f"this command asks for {self._phase_settings(phase)}: pass the same family, "
                                     "--seed, --demos, --sft-steps, --eval-episodes and overrides")
-        if any(self.state["phases"].get(phase) != theirs[phase] for phase in SFT_PHASES):
-            self.state["phases"] = {phase: theirs[phase] for phase in SFT_PHASES}
-            self._save_state()
+        ours = self.state["phases"]
+        if any(ours.get(phase) != theirs[phase] for phase in ("collect", "sft")):
+            self.state["phases"] = dict(theirs)  # RL runs here stood on other SFT phases: they run again
+        else:
+            self.state["phases"] = {**ours, **theirs}
+        self._save_state()
 
     def _load_state(self, folder: Optional[str] = None) -> Dict:
         path = os.path.join(folder or self.out, STATE_FILE)

@@ -80,6 +80,8 @@ class UpdateSettings:
     train_critic: bool = True
     # weight of the demonstrations' supervised loss added to every policy step (0: none)
     demo_loss_coef: float = 0.0
+    # parameters named with one of these prefixes take no step (actor.frozen_parameter_prefixes)
+    frozen_prefixes: Tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg, world_size: int, version: int = 0, optimizer_steps: int = 0) -> "UpdateSettings":
@@ -100,7 +102,8 @@ class UpdateSettings:
             normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
             max_grad_norm=actor.max_grad_norm, policy_lr=actor.lr, policy_lr_warmup_steps=actor.policy_lr_warmup_steps,
             policy_steps_before=max(0, optimizer_steps - actor.critic_warmup_steps),
-            train_critic=alg.adv_type == "gae", demo_loss_coef=alg.demo_loss_coef)
+            train_critic=alg.adv_type == "gae", demo_loss_coef=alg.demo_loss_coef,
+            frozen_prefixes=tuple(actor.frozen_parameter_prefixes))
 
 
 def _to(device, batch: PPOBatch) -> PPOBatch:
@@ -221,6 +224,10 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
         loss_finite &= math.isfinite(demo_metrics.get("train/demo/loss", 0.0))
     if not train_policy:
         _drop_policy_gradients(optimizer)
+    if s.frozen_prefixes:  # a parameter without a gradient is skipped by the optimiser
+        for name, param in policy.named_parameters():
+            if name.startswith(s.frozen_prefixes):
+                param.grad = None
     return loss_finite, step_metrics, demo_metrics, clip_gradients(policy, s.max_grad_norm)
 
 

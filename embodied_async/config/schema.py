@@ -271,6 +271,12 @@ class ActorConfig:
     adam_eps: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 0.5
+    # parameters whose names start with one of these take no PPO step (their gradients are dropped
+    # before every optimiser step), e.g. Pi0's vision-language model while its action expert trains
+    # (RLinf's train_expert_only): ["model.paligemma_with_expert.paligemma."]. They stay in the
+    # published weights and the checkpoints. Adam moves every weight by ~lr whatever its gradient,
+    # and a perception stack whose gradients are mostly noise drifts away from what SFT taught it
+    frozen_parameter_prefixes: List[str] = field(default_factory=list)
 
 
 @dataclass

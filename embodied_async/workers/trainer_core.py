@@ -86,6 +86,15 @@ def check_init_from(folder: str, model_cfg) -> None:
         raise CheckpointError(f"model.init_from={folder!r}: {err}") from None
 
 
+def check_frozen_prefixes(prefixes, trainable_names) -> None:
+    """Each of ``actor.frozen_parameter_prefixes`` must name trainable parameters of the policy."""
+    for prefix in prefixes:
+        if not any(name.startswith(prefix) for name in trainable_names):
+            roots = sorted({".".join(name.split(".")[:3]) + "." for name in trainable_names})
+            raise ValueError(f"actor.frozen_parameter_prefixes: {prefix!r} names no trainable parameter of this "
+                             f"policy; its trainable parameters start with: {', '.join(roots[:12])}")
+
+
 def load_initial_weights(policy, folder: str, model_cfg) -> None:
     """``model.init_from``: the checkpoint's weights and observation statistics, nothing else
     (``check_init_from`` verified the files at start-up)."""
@@ -156,6 +165,7 @@ class TrainerCore:
         self.policy = policy
         policy_params, value_params = trainable_parameters(policy, policy.value_parameter_prefixes)
         self.trainable_names = {name for name, p in policy.named_parameters() if p.requires_grad}
+        check_frozen_prefixes(self.cfg.actor.frozen_parameter_prefixes, self.trainable_names)
         self.optimizer = make_optimizer(self.cfg.actor, policy_params, value_params)
 
     def prepare_policy(self, policy) -> None:

@@ -143,3 +143,23 @@ def test_the_trained_rows_go_first_and_every_rank_keeps_as_many_as_the_fullest()
         assert len(kept) == 9 and int(kept.loss_mask.sum()) == len(trained)
         assert kept.loss_mask[:len(trained)].all()  # the trained rows first, in order
         assert torch.equal(kept.forward_inputs["states"][:len(trained)], data.forward_inputs["states"][trained])
+
+
+def test_frozen_parameter_prefixes_take_no_step_and_must_name_parameters():
+    """actor.frozen_parameter_prefixes: those parameters keep their values through an update (and
+    through the demonstrations' term), the rest train; a prefix that names nothing is refused."""
+    from embodied_async.workers.trainer_core import check_frozen_prefixes
+
+    policy = TinyPolicy()
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2, weight_decay=0.1)
+    policy.train()
+    ppo_update(policy, optimizer, batch(), settings(frozen_prefixes=("body.0.",)), lambda t: t,
+               torch.Generator().manual_seed(0))
+    for name, param in policy.named_parameters():
+        moved = not torch.equal(param, before[name])
+        assert moved == (not name.startswith("body.0.")), name
+    names = {n for n, _ in policy.named_parameters()}
+    check_frozen_prefixes(["body.0."], names)
+    with pytest.raises(ValueError, match="'vision.' names no trainable parameter.*start with: body"):
+        check_frozen_prefixes(["vision."], names)

@@ -116,7 +116,7 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
 
 
 
-def _pipeline(tmp_path, monkeypatch, *argv):
+def _pipeline(tmp_path, monkeypatch, *argv, family="openvla"):
     """A Pipeline whose phases only note that they ran (the record is not written)."""
     sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
     import miniature
@@ -131,7 +131,7 @@ def _pipeline(tmp_path, monkeypatch, *argv):
     monkeypatch.setattr(miniature, "summary_record", lambda *args: {})
     monkeypatch.setattr(miniature, "write_record", lambda *args: None)
     monkeypatch.setattr(miniature, "summary_line", lambda record: "")
-    pipeline = miniature.Pipeline(miniature._parse(["openvla", "--out", str(tmp_path / "out"), *argv]))
+    pipeline = miniature.Pipeline(miniature._parse([family, "--out", str(tmp_path / "out"), *argv]))
     pipeline.run()
     return ran
 
@@ -177,6 +177,27 @@ def test_sft_from_runs_rl_from_another_folders_sft_checkpoint(tmp_path, monkeypa
         _pipeline(tmp_path, monkeypatch, "--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "none"))
     with pytest.raises(miniature.PipelineError, match="this run's own --out"):
         _pipeline(tmp_path, monkeypatch, "--sft-from", str(tmp_path / "out"))
+
+
+def test_the_sft_checkpoint_is_evaluated_with_the_rl_recipes_decision_rule(tmp_path, monkeypatch):
+    """A model key that shapes both decision rules (Pi0's model.initial_noise_scale) given to the RL
+    phase is given to both evaluations of the SFT checkpoint too; a fork with --sft-from evaluates
+    the SFT checkpoint again where its source decided otherwise, and keeps its RL runs."""
+    import miniature
+
+    assert len(_pipeline(tmp_path, monkeypatch, family="pi0")) == 5
+    zero = "rl:model.initial_noise_scale=0"
+    fork = ["--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "out")]
+    assert _pipeline(tmp_path, monkeypatch, *fork, "rl:actor.lr=1e-5", family="pi0") == ["rl_seed0", "eval_rl_seed0"]
+    assert _pipeline(tmp_path, monkeypatch, *fork, "rl:actor.lr=1e-5", zero, family="pi0") == \
+        ["eval_sft", "rl_seed0", "eval_rl_seed0"]
+    assert _pipeline(tmp_path, monkeypatch, *fork, "rl:actor.lr=1e-5", zero, family="pi0") == []
+    pipeline = miniature.Pipeline(miniature._parse(["pi0", "--out", str(tmp_path / "fork"), zero]))
+    assert pipeline._rl_model_values(pipeline.family.rule_keys) == ["model.initial_noise_scale=0"]
+    assert pipeline._phase_settings("eval_sft")["rule"] == ["model.initial_noise_scale=0"]
+    # without such a key the evaluation's settings are those of earlier pipelines (their results stand)
+    assert "rule" not in miniature.Pipeline(miniature._parse(["pi0", "--out", str(tmp_path / "x")]))._phase_settings(
+        "eval_sft")
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path):
