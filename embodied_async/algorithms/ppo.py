@@ -76,6 +76,8 @@ class UpdateSettings:
     policy_lr: float = 0.0
     policy_lr_warmup_steps: int = 0
     policy_steps_before: int = 0
+    # this update's multiplier of policy_lr from actor.policy_lr_schedule (1: constant)
+    policy_lr_factor: float = 1.0
     # False: a value-free update (algorithm.adv_type=grpo): no value loss, no critic to warm up
     train_critic: bool = True
     # weight of the demonstrations' supervised loss added to every policy step (0: none)
@@ -102,6 +104,8 @@ class UpdateSettings:
             normalize_advantages=alg.normalize_advantages, target_kl=alg.target_kl,
             max_grad_norm=actor.max_grad_norm, policy_lr=actor.lr, policy_lr_warmup_steps=actor.policy_lr_warmup_steps,
             policy_steps_before=max(0, optimizer_steps - actor.critic_warmup_steps),
+            policy_lr_factor=lr_factor(version, 0, cfg.runner.max_steps, actor.policy_lr_schedule,
+                                       actor.policy_min_lr_ratio),
             train_critic=alg.adv_type == "gae", demo_loss_coef=alg.demo_loss_coef,
             frozen_prefixes=tuple(actor.frozen_parameter_prefixes))
 
@@ -275,10 +279,10 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             for name, value in {**demo_metrics, "train/actor/grad_norm": float(grad_norm)}.items():
                 sums[name] += value
                 counts[name] += 1
-            if train_policy and s.policy_lr_warmup_steps:
+            if train_policy and (s.policy_lr_warmup_steps or s.policy_lr_factor != 1.0):
                 policy_step = s.policy_steps_before + steps_taken - s.critic_warmup_left
-                _set_policy_lr(optimizer, s.policy_lr * lr_factor(policy_step, s.policy_lr_warmup_steps, 0,
-                                                                  "constant", 1.0))
+                _set_policy_lr(optimizer, s.policy_lr * s.policy_lr_factor * lr_factor(
+                    policy_step, s.policy_lr_warmup_steps, 0, "constant", 1.0))
             optimizer.step()
             steps_taken += 1
         epochs_run += 1

@@ -266,6 +266,11 @@ class ActorConfig:
     # steps: Adam's first steps move every weight by ~lr whatever its gradient, which knocks a
     # supervised (model.init_from) policy off what it learned
     policy_lr_warmup_steps: int = 0
+    # "cosine": the policy's learning rate falls along a cosine, update by update, from actor.lr at
+    # the first update to policy_min_lr_ratio x actor.lr at runner.max_steps, so the steps that
+    # follow noise shrink once the early gains are made; "constant": actor.lr throughout
+    policy_lr_schedule: str = "constant"
+    policy_min_lr_ratio: float = 0.1
     optimizer: str = "adam"  # "adam" (weight decay as L2 in the gradient) | "adamw" (decoupled)
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1e-5

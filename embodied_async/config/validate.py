@@ -272,6 +272,9 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
     bound(actor.weight_decay, "actor.weight_decay", lambda v: v >= 0, "must be >= 0", "use 0 for none")
     bound(actor.critic_warmup_steps, "actor.critic_warmup_steps", lambda v: v >= 0, "must be >= 0",
           "use 0 for no warm-up")
+    choice(actor.policy_lr_schedule, "actor.policy_lr_schedule", ("constant", "cosine"))
+    bound(actor.policy_min_lr_ratio, "actor.policy_min_lr_ratio", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]",
+          "it is the policy's final learning rate as a fraction of actor.lr: use e.g. 0.1")
     bound(actor.policy_lr_warmup_steps, "actor.policy_lr_warmup_steps", lambda v: v >= 0, "must be >= 0",
           "use 0 for the full learning rate from the first policy step")
     bound(actor.max_grad_norm, "actor.max_grad_norm", lambda v: v > 0, "must be > 0",

@@ -137,3 +137,28 @@ def test_policy_learning_rate_warms_up_after_the_critic_warm_up():
     ppo_update(policy, optimizer, batch(), settings(policy_lr=1e-2, policy_lr_warmup_steps=8, policy_steps_before=6),
                lambda t: t, torch.Generator().manual_seed(0))
     assert [s["policy"] for s in seen] == pytest.approx([8.75e-3] + [1e-2] * 7)
+
+
+def test_a_cosine_policy_schedule_scales_each_update_and_keeps_the_warm_up(make_config):
+    """actor.policy_lr_schedule=cosine: update v's policy rate is actor.lr x the cosine at
+    v / runner.max_steps (down to policy_min_lr_ratio), times the warm-up's ramp; the value rate
+    is left alone."""
+    from embodied_async.algorithms.ppo import UpdateSettings
+
+    cfg = make_config("actor.policy_lr_schedule=cosine", "actor.policy_min_lr_ratio=0.2", "runner.max_steps=10",
+                      "actor.lr=1e-2")
+    factors = [UpdateSettings.from_config(cfg, 1, version=v).policy_lr_factor for v in (0, 5, 10, 20)]
+    assert factors == pytest.approx([1.0, 0.6, 0.2, 0.2])
+    assert UpdateSettings.from_config(make_config(), 1, version=5).policy_lr_factor == 1.0
+    policy = TinyPolicy()
+    optimizer = torch.optim.Adam([
+        {"params": [*policy.body.parameters(), *policy.head.parameters()], "name": "policy", "lr": 1e-2},
+        {"params": list(policy.critic.parameters()), "name": "value", "lr": 5e-2},
+    ])
+    seen, step = [], optimizer.step
+    optimizer.step = lambda *a, **k: (seen.append({g["name"]: g["lr"] for g in optimizer.param_groups}), step(*a, **k))
+    policy.train()
+    ppo_update(policy, optimizer, batch(), settings(policy_lr=1e-2, policy_lr_warmup_steps=2, policy_lr_factor=0.5),
+               lambda t: t, torch.Generator().manual_seed(0))
+    assert [s["policy"] for s in seen] == pytest.approx([2.5e-3] + [5e-3] * 7)
+    assert all(s["value"] == 5e-2 for s in seen)

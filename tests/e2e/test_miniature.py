@@ -92,7 +92,8 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     proc = _run("openvla", "--smoke", "--out", str(out), "--rl-seeds", "2", "--rl-recipe",
                 "maniskill_miniature_grpo_openvla", "model.lora.enabled=true", "rl:algorithm.group_size=2",
                 "rl:rollout.num_steps=20", "rl:actor.global_batch_size=20", "rl:actor.micro_batch_size=10",
-                "rl:env.reward_mode=normalized_dense", "rl:env.reward=progress")
+                "rl:env.reward_mode=normalized_dense", "rl:env.reward=progress",
+                "rl:algorithm.logprob_type=token_level")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "sft: done in an earlier run" in proc.stdout and "rl_seed2: starting" in proc.stdout
     with open(out / "rl_seed2" / "metrics.jsonl") as f:

@@ -10,12 +10,19 @@ from demonstrations import run_tiny_sft
 pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
 
 
+# the RL levers of issue 32 through the real path: chains from zero, a ratio per action entry, the
+# vision-language model frozen while the expert trains (its LoRA adapters here)
+LEVERS = ("model.initial_noise_scale=0", "algorithm.logprob_type=token_level",
+          "actor.frozen_parameter_prefixes=[model.paligemma_with_expert.paligemma.]")
+
+
 @pytest.mark.slow
-def test_tiny_pi0_recipes_sft_then_two_async_updates_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("levers", [(), LEVERS], ids=["defaults", "levers"])
+def test_tiny_pi0_recipes_sft_then_two_async_updates_from_its_checkpoint(tmp_path, levers):
     checkpoint, sft_records = run_tiny_sft("openpi", tmp_path)
     assert "train/sft/flow_loss" in sft_records[-1]
     log_path = tmp_path / "run"
-    _, records = run_recipe("maniskill_async_ppo_openpi_tiny", log_path, f"model.init_from={checkpoint}")
+    _, records = run_recipe("maniskill_async_ppo_openpi_tiny", log_path, f"model.init_from={checkpoint}", *levers)
     # the checkpoint was made in LeRobot's format at model.path and loaded back by path
     assert {"config.json", "model.safetensors", "policy_preprocessor.json", "meta.json"} <= set(
         os.listdir(log_path / "tiny_pi0"))
