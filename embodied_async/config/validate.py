@@ -328,10 +328,22 @@ def _check_video(cfg: TrainConfig) -> None:
     positive(cfg.runner.eval_video_fps, "runner.eval_video_fps")
 
 
+# keys that only runner.mode=ppo reads, with their defaults: set in a supervised run they would do
+# nothing, so they are refused there
+PPO_ONLY_KEYS = {"runner.stop_at_eval_success": None, "runner.eval_pauses_training": False,
+                 "runner.eval_stop_once_below_target": False, "actor.frozen_parameter_prefixes": [],
+                 "actor.policy_lr_schedule": "constant"}
+
+
 def _check_supervised(cfg: TrainConfig) -> None:
     choice(cfg.runner.mode, "runner.mode", ("ppo", "sft"))
     if cfg.runner.mode != "sft":
         return
+    for key, default in PPO_ONLY_KEYS.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        require(value == default, f"{key}={value} with runner.mode=sft: only the PPO mode reads it, and a supervised "
+                                  f"run would ignore it; remove it (the SFT schedule is sft.lr_schedule)")
     require(cfg.dataset.root is not None, "runner.mode=sft needs dataset.root: a LeRobot dataset folder (e.g. one "
                                           "scripts/collect_demos.py wrote) or a Hugging Face dataset repo id")
     bound(cfg.dataset.validation_fraction, "dataset.validation_fraction", lambda v: 0.0 <= v < 1.0,

@@ -306,6 +306,11 @@ def test_supervised_and_init_from_settings_are_checked_at_start_up(make_config, 
     cfg = make_config("runner.mode=sft", f"dataset.root={tmp_path}", "actor.global_batch_size=7",
                       "actor.micro_batch_size=7")
     assert cfg.runner.mode == "sft"  # a supervised batch need not divide a rollout batch
+    # a key only the PPO mode reads is refused in a supervised run, naming the key and the mode
+    for override in ("runner.stop_at_eval_success=0.9", "runner.eval_pauses_training=true",
+                     "actor.policy_lr_schedule=cosine", "actor.frozen_parameter_prefixes=[actor.]"):
+        with pytest.raises(ConfigError, match=rf"{override.split('=')[0]}=.* with runner.mode=sft: only the PPO mode"):
+            make_config("runner.mode=sft", f"dataset.root={tmp_path}", override)
 
 
 def test_group_relative_and_demonstration_settings_are_checked_at_start_up(make_config, tmp_path):
