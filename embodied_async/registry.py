@@ -149,10 +149,7 @@ def build_policy(model_cfg: ModelConfig, env_spec, device=None, logprob_type: st
         policy = builder(model_cfg, env_spec, device=device)
     else:
         policy = builder(model_cfg, env_spec)
-    if logprob_type != "chunk_level":
-        if logprob_type not in type(model_cfg).logprob_types:
-            raise ValueError(f"algorithm.logprob_type={logprob_type}: model.name={model_cfg.name} reports "
-                             f"{', '.join(type(model_cfg).logprob_types)} log-probs only")
+    if logprob_type != "chunk_level":  # validation checked that the family reports it (logprob_types)
         policy.logprob_type = logprob_type
     return _checked("model", model_cfg, policy if device is None else policy.to(device))
 

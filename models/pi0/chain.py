@@ -53,6 +53,12 @@ def executed_log_prob(values: torch.Tensor, settings: ChainSettings, per_dimensi
     return executed_sum(values, settings).float()
 
 
+def _zero_log_prob(batch: int, settings: ChainSettings, per_dimension: bool, device) -> torch.Tensor:
+    """The log-prob accumulator: [B], or [B, executed_actions x action_dim] per_dimension."""
+    shape = (batch, settings.executed_actions * settings.action_dim) if per_dimension else (batch,)
+    return torch.zeros(shape, dtype=torch.float32, device=device)
+
+
 def _transition(model, prefix, state, x, time: torch.Tensor, settings: ChainSettings,
                 noise_head: Optional[Callable]):
     """(Euler mean, stochastic mean, std) of the step from ``x`` at per-sample ``time`` [B], in
@@ -83,8 +89,7 @@ def sample_chain(model, prefix, state: torch.Tensor, noise: torch.Tensor, settin
     else:
         stochastic = torch.full((batch,), -1, dtype=torch.long, device=device)
     x, chain = noise, [noise]
-    dims = settings.executed_actions * settings.action_dim
-    logprob = torch.zeros((batch, dims) if per_dimension else (batch,), dtype=torch.float32, device=device)
+    logprob = _zero_log_prob(batch, settings, per_dimension, device)
     entropy = torch.zeros(batch, dtype=torch.float32, device=device)
     for k in range(settings.steps):
         euler, mean, std = _transition(model, prefix, state, x, times[k].expand(batch), settings, noise_head)
@@ -121,8 +126,7 @@ def chain_log_prob(model, prefix, state: torch.Tensor, chain: torch.Tensor, stoc
                 executed_sum(_gaussian_entropy(std), settings).float())
     if settings.method != "flow_noise":
         raise ValueError(f"{settings.method} draws no stochastic step: it has no log-prob (use it to evaluate)")
-    dims = settings.executed_actions * settings.action_dim
-    logprob = torch.zeros((batch, dims) if per_dimension else (batch,), dtype=torch.float32, device=device)
+    logprob = _zero_log_prob(batch, settings, per_dimension, device)
     entropy = torch.zeros(batch, dtype=torch.float32, device=device)
     for k in range(settings.steps):
         _, mean, std = _transition(model, prefix, state, chain[:, k], times[k].expand(batch), settings, noise_head)
