@@ -79,7 +79,8 @@ def run(args, scale: float) -> dict:
         epochs=2, minibatch_size=args.batch, micro_batch_size=16, world_size=1, version=0, recompute_logprobs=True,
         critic_warmup_left=0, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, behave_weight_threshold=2.0,
         value_clip=None, huber_delta=10.0, value_loss_coef=0.5, entropy_coef=0.0, normalize_advantages=False,
-        target_kl=None, max_grad_norm=1.0, recompute_fresh_logprobs=False, train_critic=False)
+        target_kl=None, max_grad_norm=1.0, recompute_fresh_logprobs=False, train_critic=False, policy_lr=args.lr,
+        policy_lr_warmup_steps=0, policy_steps_before=0, policy_lr_factor=1.0, demo_loss_coef=0.0, frozen_prefixes=())
     curve = []
     print(f"[credit] initial_noise_scale={scale}: the samples' spread along the first action dimension "
           f"{spread:.3f}", flush=True)

@@ -1,12 +1,13 @@
 """Compact synchronous PPO on ManiSkill PushCube-v1 (state, CPU simulation) in one file: the
-baseline our default recipe is measured against (issue 11). No Ray, no framework: the learner
+baseline our default recipe is measured against. No Ray, no framework: the learner
 runs in this process, the sub-envs in ``--num-procs`` worker processes joined by pipes. The one
 thing taken from the framework is the evaluation protocol's episode seeds
 (``embodied_async.evaluation.evaluation_seed``), so both face the same episodes.
 
-Settings (DEVELOPERS.md): 16 envs in 2 processes, 50-step rollouts, 8 epochs x 8 minibatches,
-running observation normalisation, gamma 0.8, lambda 0.9, target KL 0.1, 3x256 Tanh networks,
-the value bootstrapped at success termination and at the time limit.
+Settings (the default recipe's, configs/maniskill_async_ppo_mlp.yaml): 16 envs in 2 processes,
+50-step rollouts, 8 epochs x 8 minibatches, running observation normalisation, gamma 0.8, lambda
+0.9, target KL 0.1, 3x256 Tanh networks, the value bootstrapped at success termination and at the
+time limit.
 
     .venv/bin/python benchmarks/ppo_pushcube_sync.py --seed 0 --target-success 0.9
     .venv/bin/python benchmarks/ppo_pushcube_sync.py --env-steps 24000 --eval-every 0   # throughput only

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-# Observation dict keys (DESIGN.md): main_images uint8 [B, H, W, 3], wrist_images (optional),
+# Observation dict keys (ARCHITECTURE.md, "The contracts"): main_images uint8 [B, H, W, 3], wrist_images (optional),
 # states float32 [B, D], task_descriptions list of B strings.
 Observation = Dict[str, Any]
 

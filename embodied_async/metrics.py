@@ -95,3 +95,35 @@ def animated_gif(frames, fps: int) -> bytes:
     buffer = io.BytesIO()
     images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
     return buffer.getvalue()
+
+
+def read_metrics(log_path: str) -> List[Dict]:
+    """The records a run's ``MetricLogger`` wrote to ``<log_path>/metrics.jsonl`` ([] when none)."""
+    path = os.path.join(log_path, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def decision_costs(records: List[Dict], actions_per_decision: int, update_epochs: int) -> Dict:
+    """Per decision (one policy call for one sub-env, ``actions_per_decision`` env steps) over a
+    PPO run's ``records``: the rollout's inference ms and the actor's training ms (forward +
+    backward over its ``update_epochs`` passes), and the busy shares of the components."""
+    steps = sum(r.get("env/env_steps", 0) for r in records)
+    if not steps:
+        return {}
+    total = lambda key: sum(r.get(key) or 0.0 for r in records)  # noqa: E731
+    wall = records[-1]["wall_time_s"]
+    decisions = steps / actions_per_decision
+    trained = total("train/actor/num_samples") or decisions
+    return {
+        "inference_ms_per_decision": round(1000 * total("time/rollout") / decisions, 2),
+        "training_ms_per_decision": round(1000 * total("time/actor_training") / trained, 2),
+        "update_epochs": update_epochs,
+        "env_ms_per_step": round(1000 * total("time/env") / steps, 2),
+        "actions_per_decision": actions_per_decision,
+        # each component's own work over the run's wall time (time/env: the env processes' mean)
+        "busy_share": {name: round(total(key) / wall, 3) for name, key in
+                       (("env", "time/env"), ("rollout", "time/rollout"), ("actor", "time/actor_training"))},
+    }

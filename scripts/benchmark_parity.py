@@ -45,7 +45,6 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 sys.path.insert(0, REPO_ROOT)
 ARMS = ("baseline", "sync", "async")
 ARM_OVERRIDES = {"sync": ["algorithm.staleness_threshold=0"], "async": []}
@@ -96,7 +95,7 @@ def first_passage(curve: List[Dict], target: float) -> Optional[Dict]:
 
 
 def run_recipe_arm(args, arm: str, seed: int, log_path: str) -> Dict:
-    from benchmark_throughput import run_recipe
+    from embodied_async.launch import train
 
     per_update = args.env_steps_per_update
     overrides = [*args.overrides, *ARM_OVERRIDES[arm], f"runner.seed={seed}",
@@ -106,7 +105,7 @@ def run_recipe_arm(args, arm: str, seed: int, log_path: str) -> Dict:
                  "runner.eval_num_envs=8", f"runner.eval_stop_once_below_target={not args.full_evaluations}",
                  f"runner.save_interval={0 if arm != 'async' else 1000000}",
                  "runner.logger.tensorboard=false"]
-    records = run_recipe(args.config, overrides, log_path)
+    records = train(args.config, overrides, log_path)
     curve = recipe_curve(records)
     trained = [r for r in records if "train_time_s" in r]
     last = trained[-1]
@@ -230,13 +229,10 @@ def load_runs(out_dir: str, arms: Sequence[str]) -> Dict[str, Dict[int, Dict]]:
 
 def measure_throughput(args, runs: Dict, out_dir: str) -> Optional[Dict]:
     trained = [run for _, run in sorted(runs.get("async", {}).items()) if run.get("log_path")]
-    checkpoints = []
-    for run in trained:
-        root = os.path.join(run["log_path"], "checkpoints")
-        if os.path.isdir(root):
-            steps = sorted((int(n.split("_")[-1]), n) for n in os.listdir(root) if n.startswith("global_step_"))
-            if steps:
-                checkpoints.append(os.path.join(root, steps[-1][1]))
+    from embodied_async.run_folder import checkpoints_root, latest_checkpoint
+
+    newest = (latest_checkpoint(checkpoints_root(run["log_path"])) for run in trained)
+    checkpoints = [path for path in newest if path]
     if not checkpoints:
         print("[parity] --throughput: no async run left a checkpoint", flush=True)
         return None
@@ -275,13 +271,14 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the recipe (both graph arms)")
     args = parser.parse_args()
 
-    from benchmark_throughput import baseline_applies, compose
+    from embodied_async.config.recipes import resolve_recipe
 
-    if "baseline" in args.arms and not baseline_applies(args.config, args.overrides):
+    cfg, _ = resolve_recipe(args.config, args.overrides)
+    # the single-file baseline runs PushCube-v1 on state observations only
+    if "baseline" in args.arms and not (cfg.env.task_name() == "PushCube-v1" and cfg.env.observes_states()):
         parser.error("the baseline runs PushCube-v1 state only: pick such a recipe or leave the baseline out (--arms)")
     if args.eval_episodes % 8:
         parser.error("--eval-episodes must split evenly over the 8 evaluation sub-envs")
-    cfg, _ = compose(args.config, args.overrides)
     args.env_steps_per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
     out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"parity-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)

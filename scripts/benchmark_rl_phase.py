@@ -5,7 +5,7 @@ out), the actor's training ms per trained decision, the rollout's inference ms p
 components' busy shares.
 
     .venv/bin/python scripts/benchmark_rl_phase.py --init-from logs/miniature_openvla/sft/checkpoints/global_step_1500
-    .venv/bin/python scripts/benchmark_rl_phase.py --recipe maniskill_miniature_ppo_openpi --init-from ... --updates 20
+    .venv/bin/python scripts/benchmark_rl_phase.py --recipe maniskill_miniature_ppo_pi0 --init-from ... --updates 20
 
 Variants (``--variants``, each a name and its overrides in ``VARIANTS``): ``recipe`` (as it is),
 ``fresh`` (``rollout.recompute_fresh_logprobs=false``: no proximal pass for the current version's
@@ -22,7 +22,6 @@ import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 
 VARIANTS = {
     "recipe": [],
@@ -45,13 +44,14 @@ def main(argv=None) -> int:
         parser.error("--updates must exceed --warmup")
     out = os.path.abspath(args.out or os.path.join(REPO_ROOT, "logs", f"rl_phase-{time.strftime('%Y%m%d-%H%M%S')}"))
     os.makedirs(out, exist_ok=True)
+    from embodied_async.launch import training_command
+
     results = {}
     for name in args.variants:
         log = os.path.join(out, name)
-        command = [sys.executable, os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py"),
-                   "--config-name", args.recipe, f"runner.logger.log_path={log}", f"model.init_from={args.init_from}",
-                   f"runner.max_steps={args.updates}", "runner.val_check_interval=0", "runner.save_interval=0",
-                   *args.overrides, *VARIANTS[name]]
+        command = training_command(args.recipe, log, [
+            f"model.init_from={args.init_from}", f"runner.max_steps={args.updates}", "runner.val_check_interval=0",
+            "runner.save_interval=0", *args.overrides, *VARIANTS[name]])
         print(f"[rl_phase] {name}: {' '.join(VARIANTS[name]) or 'the recipe as it is'}", flush=True)
         with open(os.path.join(out, f"{name}.log"), "w") as log_file:
             code = subprocess.call(command, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
@@ -76,13 +76,14 @@ def main(argv=None) -> int:
 
 
 def measure(log: str, warmup: int) -> dict:
-    from miniature import decision_costs, read_metrics, run_config
+    from embodied_async.metrics import decision_costs, read_metrics
+    from embodied_async.run_folder import log_config
 
     records = [r for r in read_metrics(log) if "train/actor/current_version" in r]
     steady = records[warmup:]
     seconds = steady[-1]["wall_time_s"] - records[warmup - 1]["wall_time_s"]
     steps = sum(r["env/env_steps"] for r in steady)
-    cfg = run_config(log)
+    cfg = log_config(log)
     costs = decision_costs(records, int(cfg.get("env", {}).get("num_action_chunks", 1) or 1),
                            int(cfg.get("algorithm", {}).get("update_epochs", 1)))
     return {"env_steps_per_s": round(steps / seconds, 1), "updates": len(steady),

@@ -69,29 +69,22 @@ def num_cores() -> int:
 
 
 def compose(config_name: str, overrides: list):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from embodied_async.config.recipes import resolve_recipe
 
-    from embodied_async.config import resolve
-    from embodied_async.config.hydra_schema import register_schema
-
-    register_schema()
-    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
-        return resolve(hydra_compose(config_name=config_name, overrides=overrides))  # (config, topology)
+    return resolve_recipe(config_name, overrides)  # (config, topology)
 
 
 # ---- 1. raw env rate -------------------------------------------------------------------------------
 def _load_policy(cfg, spec, checkpoint: str):
     """The policy a run saved in ``checkpoint`` (its trainable weights and observation statistics)."""
-    from embodied_async.checkpoint_io import load_tree
     from embodied_async.registry import build_policy
+    from embodied_async.run_folder import load_policy_weights
 
     policy = build_policy(cfg.model, spec)
-    missing, unexpected = policy.load_state_dict(load_tree(checkpoint, "model"), strict=False)
-    frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
-    if unexpected or [k for k in missing if k not in frozen]:
-        raise RuntimeError(f"{checkpoint} does not fit this recipe's policy: missing {missing[:4]}, "
-                           f"unexpected {unexpected[:4]}")
+    try:
+        load_policy_weights(policy, checkpoint)
+    except (KeyError, ValueError) as err:
+        raise RuntimeError(f"{checkpoint} does not fit this recipe's policy: {err}") from None
     return policy.eval()
 
 
@@ -178,23 +171,16 @@ def run_baseline(args, seed: int, env_steps: Optional[int], target: Optional[flo
 
 
 def baseline_applies(config_name: str, overrides: list) -> bool:
-    cfg, _ = compose(config_name, overrides)
-    return getattr(cfg.env, "task_id", None) == "PushCube-v1" and getattr(cfg.env, "obs_mode", None) == "state"
+    """The single-file baseline runs PushCube-v1 on state observations only."""
+    env = compose(config_name, overrides)[0].env
+    return env.task_name() == "PushCube-v1" and env.observes_states()
 
 
 # ---- 3-5. the recipe's graph ---------------------------------------------------------------------
 def run_recipe(config_name: str, overrides: list, log_path: str) -> List[Dict]:
-    import shutil
+    from embodied_async.launch import train
 
-    shutil.rmtree(log_path, ignore_errors=True)  # metrics.jsonl appends: a reused folder would mix two runs
-    entry = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
-    cmd = [sys.executable, entry, "--config-name", config_name, f"runner.logger.log_path={log_path}", *overrides]
-    with open(log_path + ".log", "w") as out:
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the run failed (exit {proc.returncode}); its output: {log_path}.log")
-    with open(os.path.join(log_path, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return train(config_name, overrides, log_path)
 
 
 def summarize_run(records: List[Dict], warmup: int, cores: int, workers: Dict[str, int]) -> Dict:
@@ -358,8 +344,9 @@ def main() -> None:
               "runner.save_interval=0", "runner.logger.tensorboard=false"]
     if args.resume:
         args.skip = [*args.skip, "local_sync"]
-        with open(os.path.join(args.resume, "runner.json")) as f:
-            resumed = json.load(f)
+        from embodied_async.run_folder import read_runner_state
+
+        resumed = read_runner_state(args.resume)
         per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
         updates = -(-args.env_steps // per_update)
         common = [f"runner.resume_dir={os.path.abspath(args.resume)}", f"runner.max_steps={resumed['step'] + updates}",

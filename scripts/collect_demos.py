@@ -41,12 +41,10 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import envs  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
+from embodied_async.config import ConfigError  # noqa: E402
 from embodied_async.datasets.batches import CONVENTIONAL_KEYS  # noqa: E402
-
-import eval as eval_script  # noqa: E402  (scripts/eval.py: configs of recipes and of runs' checkpoints)
 
 DEFAULT_RECIPE = "maniskill_async_ppo_mlp"  # the recipe an env yaml is composed into
 # dataset key of each observation the dataset records, and of the actions (LeRobot's names)
@@ -54,8 +52,6 @@ RECORDED = {name: key for name, key in CONVENTIONAL_KEYS.items() if name != "act
 ACTION_KEY = CONVENTIONAL_KEYS["actions"]
 # env keys of no concern to the episodes: a dataset may be appended to with other values of these
 NOT_COLLECTION = ("num_envs", "pipeline_stage_num", "render_video", "video_size", "privileged_states")
-# keys that say what a policy acts on: a teacher must have been trained with the same values
-TEACHER_KEYS = ("name", "task_id", "task", "control_mode", "controller", "robot_uids", "robot")
 PROGRESS_EVERY_S = 3.0
 WORKER_START_TIMEOUT_S = 600.0
 
@@ -71,7 +67,7 @@ def main(argv=None) -> int:
     try:
         plan = make_plan(args)
         return collect(plan, args)
-    except (CollectError, eval_script.EvalError) as err:
+    except (CollectError, ConfigError) as err:
         one_line = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
         print(f"collect error: {one_line}", file=sys.stderr, flush=True)
         return 2
@@ -164,39 +160,28 @@ def check_appendable(root: str, env: Dict[str, object]) -> None:
 
 def load_env_config(target: str, overrides: List[str]):
     """The validated env config of an env yaml (composed into the default recipe) or a recipe."""
-    from embodied_async.config import ConfigError
-    from embodied_async.config.hydra_schema import register_schema
-    from embodied_async.config.validate import to_train_config
+    from embodied_async.config.recipes import env_config
 
-    register_schema()
-    configs = os.path.join(REPO_ROOT, "configs")
-    if os.path.isfile(os.path.join(configs, "env", f"{target}.yaml")):
-        recipe, overrides = DEFAULT_RECIPE, [f"env={target}", *overrides]
-    elif os.path.isfile(os.path.join(configs, f"{target}.yaml")):
-        recipe = target
-    else:
-        names = sorted(n[:-5] for n in os.listdir(os.path.join(configs, "env")) if n.endswith(".yaml"))
-        raise CollectError(f"{target!r} is neither an env yaml of configs/env/ ({', '.join(names)}) nor a recipe of "
-                           "configs/: fix the name")
-    raw = eval_script.compose_recipe(recipe, overrides)
-    raw.cluster.device_type = "cpu"  # only the env section is used, on this machine
-    try:
-        return to_train_config(raw).env
-    except ConfigError as err:
-        raise CollectError(str(err)) from None
+    return env_config(target, overrides, DEFAULT_RECIPE)
 
 
 def load_teacher(folder: str, env_cfg) -> Teacher:
     """The teacher's run config, checked against the env it is to act in."""
-    if not eval_script.is_checkpoint(folder):
+    from embodied_async.config.recipes import checkpoint_config
+    from embodied_async.config.validate import to_train_config
+    from embodied_async.run_folder import is_checkpoint, run_config_path
+
+    if not is_checkpoint(folder):
         raise CollectError(f"--source teacher:{folder}: not a checkpoint folder of a run (one holds runner.json and "
-                           "model.json, e.g. logs/<run>/checkpoints/global_step_<N>)")
-    saved = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(folder))), ".hydra", "config.yaml")
-    if not os.path.isfile(saved):
-        raise CollectError(f"--source teacher:{folder}: its run's config {saved} is missing, so what the teacher "
-                           "observes and how it acts is unknown: use a checkpoint inside its run's log folder")
-    cfg, checkpoint = eval_script.load_config(argparse.Namespace(target=folder, overrides=[], recipe=None))
-    theirs, ours = _acting_keys(cfg.env), _acting_keys(env_cfg)
+                           "manifest.json, e.g. logs/<run>/checkpoints/global_step_<N>)")
+    if not os.path.isfile(run_config_path(folder)):
+        raise CollectError(f"--source teacher:{folder}: its run's config {run_config_path(folder)} is missing, so "
+                           "what the teacher observes and how it acts is unknown: use a checkpoint inside its run's "
+                           "log folder")
+    raw = checkpoint_config(folder)
+    raw.cluster.device_type, raw.runner.dry_run = "cpu", False  # the teacher acts in this process
+    cfg = to_train_config(raw)
+    theirs, ours = cfg.env.acting_settings(), env_cfg.acting_settings()
     if theirs != ours:
         differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise CollectError("the teacher was trained on " + _describe(theirs, differ) + ", this env is "
@@ -206,15 +191,11 @@ def load_teacher(folder: str, env_cfg) -> Teacher:
         raise CollectError(f"the teacher acts in chunks of {cfg.env.num_action_chunks} actions (its "
                            "env.num_action_chunks); the collector records single actions: use a teacher trained with "
                            "env.num_action_chunks=1")
-    privileged = getattr(cfg.env, "obs_mode", None) == "state"
+    privileged = cfg.env.observes_states()
     if privileged and not type(env_cfg).supports_privileged_states:
         raise CollectError(f"the teacher was trained on state observations, and the '{env_cfg.name}' env family "
                            "cannot give them beside its own (env.privileged_states)")
-    return Teacher(cfg.model, checkpoint, privileged)
-
-
-def _acting_keys(env_cfg) -> Dict[str, object]:
-    return {k: getattr(env_cfg, k) for k in TEACHER_KEYS if hasattr(env_cfg, k)}
+    return Teacher(cfg.model, folder, privileged)
 
 
 def _describe(keys: Dict[str, object], differ: List[str]) -> str:
@@ -236,9 +217,8 @@ def build_source(plan: Plan, env):
 def _teacher_source(teacher: Teacher, env):
     import torch
 
-    from embodied_async.checkpoint_io import load_tree, verify_checkpoint
     from embodied_async.registry import build_policy
-    from embodied_async.workers.sharding import load_model_state
+    from embodied_async.run_folder import load_policy_weights
 
     spec = env.spec
     shapes = {k: v for k, v in spec.obs_shapes.items() if k != "privileged_states"}
@@ -247,10 +227,8 @@ def _teacher_source(teacher: Teacher, env):
     their_spec = dataclasses.replace(spec, obs_shapes=shapes,
                                      obs_dtypes={k: spec.obs_dtypes.get(k, "float32") for k in shapes})
     policy = build_policy(teacher.model_cfg, their_spec, device=torch.device("cpu")).eval()
-    verify_checkpoint(teacher.checkpoint)
-    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     try:
-        load_model_state(policy, load_tree(teacher.checkpoint, "model"), trainable)
+        load_policy_weights(policy, teacher.checkpoint)
     except (KeyError, ValueError) as err:
         seen = f"states of {shapes['states'][0]} values (the env's privileged states)" if teacher.privileged \
             else f"observations {shapes}"
@@ -430,7 +408,7 @@ def open_writer(plan: Plan, args, spec):
     if not spec.reports_success and not args.keep_failures:
         raise CollectError("this task reports no success, so no episode would be kept: pass --keep-failures")
     features = dataset_features(spec)
-    robot = getattr(plan.env_cfg, "robot_uids", None) or getattr(plan.env_cfg, "robot", None)
+    robot = plan.env_cfg.robot_name()
     try:
         return DatasetWriter(args.out, int(round(hz)), features, robot_type=robot, video_codec=args.codec,
                              collection={"env": plan.collection_env})

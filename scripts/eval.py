@@ -79,103 +79,20 @@ def _parse(argv):
     return args
 
 
-def is_checkpoint(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "runner.json")) and os.path.isfile(os.path.join(path, "model.json"))
-
-
 def load_config(args):
     """(validated TrainConfig, the checkpoint folder or None)."""
-    from omegaconf import OmegaConf
-
     from embodied_async.config import ConfigError
-    from embodied_async.config.hydra_schema import register_schema
+    from embodied_async.config.recipes import target_config
     from embodied_async.config.validate import to_train_config
 
-    register_schema()
-    target = args.target
-    if is_checkpoint(target):
-        log_dir = os.path.dirname(os.path.dirname(os.path.abspath(target)))
-        saved = os.path.join(log_dir, ".hydra", "config.yaml")
-        if not os.path.isfile(saved):
-            raise EvalError(f"{target} is a checkpoint, but its run's config {saved} is missing: evaluate it with "
-                            "--recipe <the recipe it was trained with> and its overrides instead")
-        raw = OmegaConf.load(saved)
-        if args.overrides:
-            raw = _with_overrides(raw, args.overrides)
-        checkpoint = target
-    else:
-        recipe = args.recipe or _recipe_for_model(target)
-        raw = compose_recipe(recipe, [f"model.path={target}", "model.tiny_random_init=false", *args.overrides])
-        checkpoint = None
-    # this process evaluates on --device: the run's placement is not used
-    raw.cluster.device_type = "cpu"
-    raw.runner.dry_run = False
     try:
-        cfg = to_train_config(raw)
+        raw, checkpoint = target_config(args.target, args.overrides, args.recipe)
+        # this process evaluates on --device: the run's placement is not used
+        raw.cluster.device_type = "cpu"
+        raw.runner.dry_run = False
+        return to_train_config(raw), checkpoint
     except ConfigError as err:
         raise EvalError(str(err)) from None
-    return cfg, checkpoint
-
-
-def _with_overrides(raw, overrides):
-    """A saved config + ``key=value`` overrides, with ``env=<yaml>`` / ``model=<yaml>`` group choices."""
-    from omegaconf import OmegaConf
-
-    groups = {}
-    plain = []
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key in ("env", "model"):
-            groups[key] = value
-        else:
-            plain.append(item)
-    for group, name in groups.items():
-        path = os.path.join(REPO_ROOT, "configs", group, f"{name}.yaml")
-        if not os.path.isfile(path):
-            raise EvalError(f"{group}={name}: no {path}")
-        section = OmegaConf.load(path)
-        section.pop("defaults", None)
-        kept = {}
-        if group == "env":  # the policy was trained to execute chunks of this many actions
-            kept = {"num_action_chunks": raw.env.get("num_action_chunks", 1)}
-        raw[group] = OmegaConf.merge({"name": _schema_name(path)}, kept, section)
-    return OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
-
-
-def _schema_name(path: str) -> str:
-    import yaml
-
-    with open(path) as f:
-        defaults = yaml.safe_load(f).get("defaults", [])
-    return next(d[: -len("_schema")] for d in defaults if isinstance(d, str) and d.endswith("_schema"))
-
-
-def compose_recipe(recipe: str, overrides):
-    from hydra import compose, initialize_config_dir
-
-    if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{recipe}.yaml")):
-        raise EvalError(f"--recipe {recipe}: no configs/{recipe}.yaml")
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
-        try:
-            return compose(config_name=recipe, overrides=list(overrides))
-        except (HydraException, OmegaConfBaseException) as err:
-            raise EvalError(f"{recipe} with {list(overrides)}: {err}") from None
-
-
-def _recipe_for_model(target: str) -> str:
-    """The family's recipe for a model folder or repo id: Pi0 when LeRobot's config says so, else
-    OpenVLA. Its env may need a GPU (checked in ``evaluate``): pass env=... to choose another."""
-    config = os.path.join(target, "config.json")
-    family = "openvla"
-    if os.path.isfile(config):
-        with open(config) as f:
-            family = "pi0" if json.load(f).get("type") == "pi0" else "openvla"
-    elif "pi0" in target.lower():
-        family = "pi0"
-    return {"openvla": "maniskill_async_ppo_openvla", "pi0": "maniskill_async_ppo_openpi"}[family]
 
 
 def evaluate(cfg, checkpoint, args) -> dict:
@@ -183,17 +100,17 @@ def evaluate(cfg, checkpoint, args) -> dict:
 
     import torch
 
-    from embodied_async.checkpoint_io import CheckpointError, load_tree, verify_checkpoint
+    from embodied_async.checkpoint_io import CheckpointError
     from embodied_async.evaluation import evaluation_seed, run_episodes, write_videos
     from embodied_async.registry import build_env, build_policy
-    from embodied_async.workers.sharding import load_model_state
+    from embodied_async.run_folder import load_policy_weights
 
     num_envs = args.num_envs or max(d for d in range(1, 9) if args.episodes % d == 0)
     if args.episodes % num_envs:
         raise EvalError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type != "cuda" and getattr(cfg.env, "sim_backend", None) == "gpu":
-        raise EvalError(f"the env ({cfg.env.name} '{getattr(cfg.env, 'task_id', '')}') simulates on a GPU and this "
+    if device.type != "cuda" and cfg.env.simulates_on_gpu():
+        raise EvalError(f"the env ({cfg.env.name} '{cfg.env.task_name()}') simulates on a GPU and this "
                         "evaluation runs without one: pass env=<an env yaml> or env.sim_backend=cpu where the task "
                         "supports it")
     try:
@@ -223,9 +140,7 @@ def evaluate(cfg, checkpoint, args) -> dict:
             raise EvalError(f"cannot build the policy: {err}") from None
         if checkpoint is not None:
             try:
-                verify_checkpoint(checkpoint)
-                trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
-                load_model_state(policy, load_tree(checkpoint, "model"), trainable)
+                load_policy_weights(policy, checkpoint)
             except (CheckpointError, KeyError, ValueError) as err:
                 raise EvalError(f"cannot load {checkpoint}: {err}") from None
         print(f"[eval] running {args.episodes} episodes", flush=True)
@@ -236,7 +151,7 @@ def evaluate(cfg, checkpoint, args) -> dict:
         env.close()
     paths = write_videos(result.videos, args.video_dir, cfg.runner.eval_video_fps) if args.video_dir else []
     summary = result.summary(env.spec.reports_success)
-    task = getattr(cfg.env, "task_id", None) or getattr(cfg.env, "task", None) or cfg.env.name
+    task = cfg.env.task_name()
     report = {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
               "task": task, "seed": seed, "decision_rule": "sampled" if args.sampled else "deterministic",
               **summary, "episode_successes": result.successes, "videos": paths,

@@ -79,7 +79,7 @@ class Family:
 FAMILIES: Dict[str, Family] = {
     "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens",
                       ("temperature", "top_k")),
-    "pi0": Family("maniskill_miniature_sft_openpi", "maniskill_miniature_ppo_openpi", "flow_ode (no noise)",
+    "pi0": Family("maniskill_miniature_sft_pi0", "maniskill_miniature_ppo_pi0", "flow_ode (no noise)",
                   ("noise_method", "noise_level", "num_steps"), ("initial_noise_scale",)),
 }
 
@@ -306,10 +306,10 @@ class Pipeline:
         return [*SMOKE_RUN, *phase] if self.args.smoke else []
 
     def _train(self, phase: str, recipe: str, log: str, overrides: Sequence[str]) -> None:
+        from embodied_async.launch import training_command
+
         shutil.rmtree(log, ignore_errors=True)  # metrics.jsonl appends: a half-run's records would mix in
-        command = [sys.executable, os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py"),
-                   "--config-name", recipe, f"runner.logger.log_path={log}", *overrides]
-        self._call(phase, command)
+        self._call(phase, training_command(recipe, log, overrides))
 
     def _evaluate(self, phase: str, checkpoint: str, sampling: Sequence[str] = (), rule: Sequence[str] = ()) -> Dict:
         """The checkpoint on the shared episode seeds, with the deterministic decision rule (the
@@ -470,23 +470,15 @@ def last_error(log_file: str) -> str:
 
 
 def last_checkpoint(log: str) -> str:
-    root = os.path.join(log, "checkpoints")
-    steps = [int(m.group(1)) for name in (os.listdir(root) if os.path.isdir(root) else [])
-             if (m := re.fullmatch(r"global_step_(\d+)", name))]
-    if not steps:
+    from embodied_async.run_folder import checkpoints_root, latest_checkpoint
+
+    path = latest_checkpoint(checkpoints_root(log))
+    if path is None:
         raise PhaseFailed(f"the run in {log} left no checkpoint")
-    return os.path.join(root, f"global_step_{max(steps)}")
+    return path
 
 
 # ---- the record ---------------------------------------------------------------------------------
-
-def read_metrics(log: str) -> List[Dict]:
-    path = os.path.join(log, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
 
 def curve(records: List[Dict], x_key: str, episodes: int) -> List[Dict]:
     """The in-run evaluations: x, success rate and its Wilson interval over ``episodes``."""
@@ -503,42 +495,15 @@ def curve(records: List[Dict], x_key: str, episodes: int) -> List[Dict]:
     return points
 
 
-def run_config(log: str) -> Dict:
-    from omegaconf import OmegaConf
-
-    path = os.path.join(log, ".hydra", "config.yaml")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=False) if os.path.isfile(path) else {}
-
-
-def decision_costs(records: List[Dict], actions_per_decision: int, update_epochs: int) -> Dict:
-    """Per decision (one policy call for one sub-env, ``actions_per_decision`` env steps): the
-    rollout's inference ms and the actor's training ms (forward + backward over its
-    ``update_epochs`` passes), and the busy shares of the RL phase's components."""
-    steps = sum(r.get("env/env_steps", 0) for r in records)
-    if not steps:
-        return {}
-    total = lambda key: sum(r.get(key) or 0.0 for r in records)  # noqa: E731
-    wall = records[-1]["wall_time_s"]
-    decisions = steps / actions_per_decision
-    trained = total("train/actor/num_samples") or decisions
-    return {
-        "inference_ms_per_decision": round(1000 * total("time/rollout") / decisions, 2),
-        "training_ms_per_decision": round(1000 * total("time/actor_training") / trained, 2),
-        "update_epochs": update_epochs,
-        "env_ms_per_step": round(1000 * total("time/env") / steps, 2),
-        "actions_per_decision": actions_per_decision,
-        # each component's own work over the phase's wall time (time/env: the env processes' mean)
-        "busy_share": {name: round(total(key) / wall, 3) for name, key in
-                       (("env", "time/env"), ("rollout", "time/rollout"), ("actor", "time/actor_training"))},
-    }
-
-
 def build_record(out: str, state: Dict, family_name: str, family: Family, sizes: Sizes, rl_seed: int) -> Dict:
     """One RL seed's record: the SFT checkpoint's and that run's evaluations (both decision rules),
     the curves, the phases' times and the RL run's costs."""
+    from embodied_async.metrics import decision_costs, read_metrics
+    from embodied_async.run_folder import log_config
+
     phases = state["phases"]
     rl, eval_rl = phases[f"rl_seed{rl_seed}"], phases[f"eval_rl_seed{rl_seed}"]
-    sft_cfg, rl_cfg = run_config(phases["sft"]["log"]), run_config(rl["log"])
+    sft_cfg, rl_cfg = log_config(phases["sft"]["log"]), log_config(rl["log"])
     sft_records, rl_records = read_metrics(phases["sft"]["log"]), read_metrics(rl["log"])
     before = phases["eval_sft"]
     seconds = {name: phases[name]["seconds"] for name in (*SFT_PHASES, f"rl_seed{rl_seed}", f"eval_rl_seed{rl_seed}")}

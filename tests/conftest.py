@@ -48,9 +48,12 @@ def build_config(tmp_path, *overrides: str):
     """SMALL + ``key=value`` overrides -> validated TrainConfig logging under ``tmp_path``.
 
     A ``model.name=`` or ``env.name=`` override naming another family drops SMALL's keys of that
-    section (they belong to its family; the env keeps num_envs, which every env has).
+    section (they belong to its family; the env keeps num_envs, which every env has), and
+    ``runner.mode=sft`` drops the sections only PPO reads (validation refuses them in an SFT run).
     """
     base = copy.deepcopy(SMALL)
+    if "runner.mode=sft" in overrides:
+        base.pop("algorithm"), base.pop("rollout")
     for section, keep in (("model", {}), ("env", {"num_envs": base["env"]["num_envs"]})):
         names = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{section}.name=")]
         if names and names[-1] != base[section]["name"]:

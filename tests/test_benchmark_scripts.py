@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import sys
 
 import numpy as np
 from conftest import REPO_ROOT
@@ -10,6 +11,7 @@ from conftest import REPO_ROOT
 def load_script(*path):
     spec = importlib.util.spec_from_file_location(path[-1][:-3], os.path.join(REPO_ROOT, *path))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -247,7 +247,7 @@ def test_loading_never_unpickles(tmp_path, monkeypatch):
 
 
 def test_prune_keeps_the_newest_by_step_number_and_the_resume_source(tmp_path):
-    from embodied_async.runner import prune_checkpoints
+    from embodied_async.run_folder import prune_checkpoints
 
     for step in (1, 2, 10, 20):
         (tmp_path / f"global_step_{step}").mkdir()
@@ -263,7 +263,7 @@ def test_prune_keeps_the_newest_by_step_number_and_the_resume_source(tmp_path):
 def test_prune_after_resuming_from_an_older_step_keeps_what_this_run_wrote(tmp_path):
     """A run resumed from step 5 in a folder where an earlier run reached step 20: its new
     step-6 checkpoint survives, and the later leftovers are not counted."""
-    from embodied_async.runner import prune_checkpoints
+    from embodied_async.run_folder import prune_checkpoints
 
     for step in (5, 6, 20):
         (tmp_path / f"global_step_{step}").mkdir()
@@ -291,7 +291,8 @@ def _policy_checkpoint(folder, family="mlp", hidden=8):
 def test_init_from_takes_weights_and_refuses_another_family_or_shape(tmp_path):
     from types import SimpleNamespace
 
-    from embodied_async.workers.trainer_core import check_init_from, load_initial_weights
+    from embodied_async.run_folder import check_init_from
+    from embodied_async.workers.trainer_core import load_initial_weights
 
     source = _policy_checkpoint(tmp_path / "sft")
     check_init_from(str(tmp_path / "sft"), SimpleNamespace(name="mlp"))

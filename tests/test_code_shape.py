@@ -1,24 +1,33 @@
-"""The framework stays small and generic: it names no policy or env family, and its files and
-functions stay short enough to read (docstrings and comments excluded)."""
+"""The framework stays small and generic: it names no policy or env family. Its files and functions,
+and those of the families (models/, envs/), stay short enough to read (docstrings and comments
+excluded). models/ and envs/ never import each other, and no modules import each other in a cycle."""
 
 import ast
 import os
 import re
+from collections import deque
+from typing import Dict, Iterator, List, Set
 
 from conftest import REPO_ROOT
 
-FRAMEWORK = os.path.join(REPO_ROOT, "embodied_async")
+PACKAGES = ("embodied_async", "models", "envs")  # the framework and the two plugin families
 FAMILY_NAMES = re.compile(r"openvla|maniskill|mujoco|cnn|mlp|pi0", re.IGNORECASE)
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
 
 
+def python_files(*packages: str):
+    """``(path relative to the repository, source)`` of every .py file under ``packages``."""
+    for package in packages:
+        for folder, _, files in sorted(os.walk(os.path.join(REPO_ROOT, package))):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path) as f:
+                        yield os.path.relpath(path, REPO_ROOT), f.read()
+
+
 def framework_files():
-    for folder, _, files in os.walk(FRAMEWORK):
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                with open(path) as f:
-                    yield os.path.relpath(path, REPO_ROOT), f.read()
+    return python_files("embodied_async")
 
 
 def _docstring(node) -> ast.Expr:
@@ -45,19 +54,21 @@ def test_the_framework_names_no_family():
     assert not {path: names for path, names in found.items() if names}
 
 
+def _function_lines(node) -> int:
+    """Lines of a function's definition, its docstring excluded."""
+    lines = node.end_lineno - node.lineno + 1
+    doc = _docstring(node)
+    return lines - (doc.end_lineno - doc.lineno + 1) if doc is not None else lines
+
+
 def test_files_and_functions_stay_short():
     too_long = []
-    for path, source in framework_files():
+    for path, source in python_files(*PACKAGES):
         if source.count("\n") > MAX_FILE_LINES:
             too_long.append(f"{path}: {source.count(chr(10))} lines")
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = _docstring(node)
-                lines = node.end_lineno - node.lineno + 1
-                if doc is not None:
-                    lines -= doc.end_lineno - doc.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    too_long.append(f"{path}: {node.name}() {lines} lines")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _function_lines(node) > MAX_FUNCTION_LINES:
+                too_long.append(f"{path}: {node.name}() {_function_lines(node)} lines")
     assert not too_long
 
 
@@ -72,8 +83,93 @@ def _imported_modules(source: str):
 def test_the_config_layer_imports_no_part_that_runs_the_graph():
     """Placement and topology are resolved in the config layer; the scheduler, the workers and the
     runners consume the resolved ``Topology`` and are never imported by it."""
-    running = ("embodied_async.scheduler", "embodied_async.workers", "embodied_async.runner",
-               "embodied_async.sft_runner")
+    running = ("embodied_async.scheduler", "embodied_async.workers", "embodied_async.runner")
     found = {path: sorted(m for m in _imported_modules(source) if m.startswith(running))
              for path, source in framework_files() if path.startswith(os.path.join("embodied_async", "config"))}
     assert found and not {path: modules for path, modules in found.items() if modules}
+
+
+def module_name(path: str) -> str:
+    """``envs/maniskill/tasks.py`` -> ``envs.maniskill.tasks``; a package's ``__init__.py`` -> the package."""
+    parts = path[: -len(".py")].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a ``from ... import`` names, a relative one resolved against ``module``."""
+    if not node.level:
+        return node.module
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_names(path: str, source: str) -> Iterator[str]:
+    """Every dotted name an import of the file reaches, at its top or inside a function:
+    ``a.b`` for ``import a.b``, ``a.b.c`` for ``from a.b import c`` (``c`` a module or not)."""
+    module, is_package = module_name(path), path.endswith("__init__.py")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, is_package)
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _deepest_module(name: str, modules) -> str:
+    """The longest prefix of ``name`` that is one of ``modules`` ("" if none: a third-party name)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    """Each module of ``PACKAGES`` -> the modules of ``PACKAGES`` it imports: the deepest module each
+    import names (``from a.b import c``: ``a.b.c`` if it is a module, else ``a.b``). Parent packages
+    an import also runs are not counted: a package's ``__init__`` re-exporting its modules is no cycle."""
+    files = {module_name(path): (path, source) for path, source in python_files(*PACKAGES)}
+    return {module: {_deepest_module(name, files) for name in imported_names(path, source)} - {"", module}
+            for module, (path, source) in files.items()}
+
+
+def _reachable(graph: Dict[str, Set[str]], start: str) -> Set[str]:
+    seen, todo = set(), list(graph[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return seen
+
+
+def _cycle_through(graph: Dict[str, Set[str]], start: str) -> List[str]:
+    """A shortest import path from ``start`` back to it (breadth first)."""
+    paths, todo = {start: [start]}, deque([start])
+    while todo:
+        module = todo.popleft()
+        for target in sorted(graph[module]):
+            if target == start:
+                return paths[module] + [start]
+            if target not in paths:
+                paths[target] = paths[module] + [target]
+                todo.append(target)
+    return []
+
+
+def import_cycles(graph: Dict[str, Set[str]]) -> List[str]:
+    """Each group of modules that import each other (directly or through others) as its shortest
+    cycle through its first module and the whole group: ``a -> b -> a (group: a, b)``."""
+    reach = {module: _reachable(graph, module) for module in graph}
+    groups = {tuple(sorted(m for m in reach[module] if module in reach[m]))
+              for module in graph if module in reach[module]}
+    return sorted(f"{' -> '.join(_cycle_through(graph, group[0]))} (group: {', '.join(group)})" for group in groups)
+
+
+def test_models_and_envs_never_import_each_other():
+    crossing = sorted(f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
+                      if {module.split(".")[0], target.split(".")[0]} == {"models", "envs"})
+    assert crossing == []
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    assert import_cycles(import_graph()) == []

@@ -35,7 +35,7 @@ def test_7b_recipe_dry_run_prints_the_plan_and_starts_nothing():
 
 @pytest.mark.slow  # runs the entry point in a subprocess
 def test_pi0_recipe_dry_run_prints_its_plan():
-    proc = subprocess.run([sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_openpi", "runner.dry_run=true"],
+    proc = subprocess.run([sys.executable, ENTRY, "--config-name", "maniskill_async_ppo_pi0", "runner.dry_run=true"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "model pi0" in proc.stdout and "1024 decisions (5120 env steps)" in proc.stdout

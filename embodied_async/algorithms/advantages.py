@@ -132,7 +132,8 @@ def group_relative_advantages(
     rewards: torch.Tensor,
     dones: torch.Tensor,
     group_size: int,
-    normalize_std: bool = True,
+    *,
+    normalize_std: bool,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Value-free advantages (GRPO / RLOO style) over a ``[T, B]`` rollout whose sub-envs began
@@ -144,7 +145,9 @@ def group_relative_advantages(
     (divided by the group's population std with ``normalize_std``). A group whose returns are
     all equal (within ``eps``: under a success reward, all succeeded or all failed) says nothing
     about which actions were better and is dropped from the loss. Steps after the first done
-    (the auto-reset episode that follows) are never trained on.
+    (the auto-reset episode that follows) are never trained on. ``group_size`` and
+    ``normalize_std`` are ``algorithm.group_size`` and ``algorithm.group_normalize_std``, passed as
+    they are (their defaults live in the schema).
 
     Returns:
         (advantages float32 [T, B], mask bool [T, B]: the steps that enter the loss, metrics).

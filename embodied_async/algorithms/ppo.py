@@ -49,6 +49,9 @@ class PPOBatch:
 
 @dataclass
 class UpdateSettings:
+    """The settings of one update, every one passed (``from_config``: the config's, whose defaults
+    live in the schema)."""
+
     epochs: int
     minibatch_size: int  # per rank
     micro_batch_size: int  # per rank
@@ -70,20 +73,20 @@ class UpdateSettings:
     max_grad_norm: float
     # False: only samples of older versions get a recomputed proximal log-prob; the current
     # version's keep their behaviour log-probs (the same weights)
-    recompute_fresh_logprobs: bool = True
+    recompute_fresh_logprobs: bool
     # the policy group's learning rate: warmed up linearly over policy_lr_warmup_steps policy
     # steps (0: left as the optimiser holds it); policy_steps_before counts those of earlier updates
-    policy_lr: float = 0.0
-    policy_lr_warmup_steps: int = 0
-    policy_steps_before: int = 0
+    policy_lr: float
+    policy_lr_warmup_steps: int
+    policy_steps_before: int
     # this update's multiplier of policy_lr from actor.policy_lr_schedule (1: constant)
-    policy_lr_factor: float = 1.0
+    policy_lr_factor: float
     # False: a value-free update (algorithm.adv_type=grpo): no value loss, no critic to warm up
-    train_critic: bool = True
+    train_critic: bool
     # weight of the demonstrations' supervised loss added to every policy step (0: none)
-    demo_loss_coef: float = 0.0
+    demo_loss_coef: float
     # parameters named with one of these prefixes take no step (actor.frozen_parameter_prefixes)
-    frozen_prefixes: Tuple[str, ...] = ()
+    frozen_prefixes: Tuple[str, ...]
 
     @classmethod
     def from_config(cls, cfg, world_size: int, version: int = 0, optimizer_steps: int = 0) -> "UpdateSettings":
@@ -162,15 +165,16 @@ def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s:
                                                  s.version, s.version + 1)
     # ---- losses: decoupled clipped policy loss, clipped Huber value loss, entropy ----
     pg_loss, pg_metrics = decoupled_ppo_actor_loss(
-        logprobs, proximal, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, s.clip_ratio_low,
-        s.clip_ratio_high, s.clip_ratio_c, s.behave_weight_threshold, loss_normalizer=normalizer)
+        logprobs, proximal, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, clip_ratio_low=s.clip_ratio_low,
+        clip_ratio_high=s.clip_ratio_high, clip_ratio_c=s.clip_ratio_c,
+        behave_weight_threshold=s.behave_weight_threshold, loss_normalizer=normalizer)
     ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
     to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
     loss = pg_loss - s.entropy_coef * ent if train_policy else pg_loss.new_zeros(())
     v_metrics: Dict[str, float] = {}
     if s.train_critic:
-        v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, s.value_clip, s.huber_delta,
-                                       mc.loss_mask, loss_normalizer=normalizer)
+        v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, mc.loss_mask, value_clip=s.value_clip,
+                                       huber_delta=s.huber_delta, loss_normalizer=normalizer)
         loss = loss + s.value_loss_coef * v_loss
         v_metrics["train/critic/value_loss"] *= to_mean
     # ---- bookkeeping: per-sample means of the micro-batch ----
@@ -209,8 +213,9 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
                           train_policy: bool, device, demo_backward: Optional[DemoBackward] = None
                           ) -> Tuple[bool, list, Dict[str, float], torch.Tensor]:
     """Forward and backward over the micro-batches of one minibatch (and, on a policy step, the
-    demonstrations' term), then clip: returns whether every loss was finite, the per-micro-batch
-    metrics, the demonstrations' metrics and the global gradient norm."""
+    demonstrations' term), then clip: returns whether every loss was finite, per micro-batch its
+    trained (unmasked) decisions and its metrics (means over them), the demonstrations' metrics
+    and the global gradient norm."""
     optimizer.zero_grad(set_to_none=True)
     loss_finite, step_metrics = True, []
     for mc_start in range(0, len(mb_index), s.micro_batch_size):
@@ -221,7 +226,7 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
         loss_finite &= bool(torch.isfinite(loss.detach()))
         if loss.requires_grad:
             loss.backward()
-        step_metrics.append(micro_metrics)
+        step_metrics.append((int(batch.loss_mask[index].sum()), micro_metrics))
     demo_metrics: Dict[str, float] = {}
     if train_policy and demo_backward is not None and s.demo_loss_coef > 0:
         demo_metrics = demo_backward(s.demo_loss_coef)
@@ -255,7 +260,8 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
     counts: Dict[str, int] = defaultdict(int)
     epochs_run, nonfinite_skipped, steps_taken = 0, 0, 0
     for _ in range(s.epochs):
-        epoch_kl, epoch_minibatches = 0.0, 0
+        # the proximal KL summed over this epoch's trained decisions (of the steps taken), and their count
+        epoch_kl_sum, epoch_decisions = 0.0, 0
         order = torch.randperm(len(batch), generator=generator)
         for mb_start in range(0, len(batch), s.minibatch_size):
             mb_index = order[mb_start:mb_start + s.minibatch_size]
@@ -270,12 +276,12 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
                 optimizer.zero_grad(set_to_none=True)
                 nonfinite_skipped += 1
                 continue
-            for micro_metrics in step_metrics:  # only steps taken count in the averages
+            for decisions, micro_metrics in step_metrics:  # only steps taken count in the averages
                 for name, value in micro_metrics.items():
                     sums[name] += value
                     counts[name] += 1
-                epoch_kl += micro_metrics["train/actor/proximal_approx_kl"]
-                epoch_minibatches += 1
+                epoch_kl_sum += micro_metrics["train/actor/proximal_approx_kl"] * decisions
+                epoch_decisions += decisions
             for name, value in {**demo_metrics, "train/actor/grad_norm": float(grad_norm)}.items():
                 sums[name] += value
                 counts[name] += 1
@@ -286,9 +292,11 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             optimizer.step()
             steps_taken += 1
         epochs_run += 1
-        # ---- early stop once the policy moved too far from the proximal anchor ----
-        kl = all_reduce_sum(torch.tensor([epoch_kl / max(epoch_minibatches, 1)]))[0] / s.world_size
-        if s.target_kl is not None and steps_taken > s.critic_warmup_left and float(kl) > s.target_kl:
+        # ---- early stop once the policy moved too far from the proximal anchor: the epoch's mean
+        # KL per trained decision over every rank (a micro-batch's KL is the mean over its own) ----
+        kl_sum, decisions = all_reduce_sum(torch.tensor([epoch_kl_sum, float(epoch_decisions)])).tolist()
+        kl = kl_sum / max(decisions, 1.0)
+        if s.target_kl is not None and steps_taken > s.critic_warmup_left and kl > s.target_kl:
             break
 
     return _update_metrics(sums, counts, s, epochs_run, steps_taken, nonfinite_skipped)

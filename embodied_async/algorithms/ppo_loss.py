@@ -66,10 +66,11 @@ def decoupled_ppo_actor_loss(
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: Optional[torch.Tensor] = None,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: Optional[float] = 3.0,
-    behave_weight_threshold: Optional[float] = None,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: Optional[float],
+    behave_weight_threshold: Optional[float],
     loss_normalizer: Normalizer = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO policy loss with dual clip and behaviour-weight masking.
@@ -80,6 +81,9 @@ def decoupled_ppo_actor_loss(
     and mask of its decision, and the loss is the mean over dimensions (RLinf's token-level
     ratio). Only `logprobs` receives gradient.
 
+    The settings (keyword-only, no defaults) are ``algorithm``'s, passed as they are: their
+    defaults live in the schema and their bounds are checked once, at start-up.
+
     Args:
         logprobs: log pi_theta(a), current policy.
         proximal_logprobs: log pi_p(a), anchor of the trust region.
@@ -87,8 +91,8 @@ def decoupled_ppo_actor_loss(
         advantages: [N] advantage estimates (one per decision).
         loss_mask: [N] bool; False entries contribute nothing.
         clip_ratio_low / clip_ratio_high: ratio clipped to [1 - low, 1 + high].
-        clip_ratio_c: dual-clip constant (> 1) bounding the loss for A < 0;
-            None disables dual clip.
+        clip_ratio_c: dual-clip constant (> 1, checked at start-up) bounding the loss for
+            A < 0; None disables dual clip.
         behave_weight_threshold: samples with w = pi_p / pi_b above this are
             masked out (too off-policy); None disables.
         loss_normalizer: optional denominator, a count of decisions (e.g. the global count of
@@ -97,8 +101,6 @@ def decoupled_ppo_actor_loss(
     Returns:
         (scalar loss, metrics dict of python floats).
     """
-    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     if loss_mask is None:
         loss_mask = torch.ones_like(advantages, dtype=torch.bool)
     decision_mask = loss_mask.bool()
@@ -150,16 +152,18 @@ def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
     returns: torch.Tensor,
-    value_clip: Optional[float] = None,
-    huber_delta: float = 10.0,
     loss_mask: Optional[torch.Tensor] = None,
+    *,
+    value_clip: Optional[float],
+    huber_delta: float,
     loss_normalizer: Normalizer = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Huber value loss, optionally PPO-clipped around `old_values`.
+    """Huber value loss (``huber_delta``), optionally PPO-clipped around `old_values`.
 
     With `value_clip`, the prediction is also clipped to
     old_values +- value_clip and the elementwise max of both losses is used,
-    so the critic cannot profit from moving far from its rollout estimate.
+    so the critic cannot profit from moving far from its rollout estimate; None disables it.
+    The settings (keyword-only, no defaults) are ``algorithm``'s, passed as they are.
 
     Returns:
         (scalar loss, {"train/critic/value_loss", "train/critic/value_clip_fraction"}).

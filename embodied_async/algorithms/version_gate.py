@@ -1,7 +1,8 @@
 """The version gate: the one rule, from versions alone, for how stale trained data may be.
 
 Every trajectory carries the policy version of its oldest step; its *lag* is the actor's version
-minus that. Three places follow the rule written here:
+minus that (``staleness``; ``train/actor/staleness`` is its mean over an update's trajectories,
+``mean_staleness``). Three places follow the rule written here:
 
 - the actor's rollout store drops a trajectory whose lag exceeds ``staleness_threshold`` and
   takes ``size_per_stream`` trajectories per stream for each update, at least
@@ -21,23 +22,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 
 @dataclass(frozen=True)
 class VersionGate:
-    size_per_stream: int  # algorithm.rollout_store_size_per_rank
-    staleness_threshold: int  # algorithm.staleness_threshold
-    on_policy_min_ratio: float = 0.0  # algorithm.on_policy_min_ratio
+    """The gate, from ``algorithm``'s settings passed as they are: their defaults live in the
+    schema, their bounds in ``config.validate`` (checked once, at start-up)."""
 
-    def __post_init__(self):
-        if self.size_per_stream < 1:
-            raise ValueError(f"size_per_stream must be >= 1, got {self.size_per_stream}")
-        if self.staleness_threshold < 0:
-            raise ValueError(f"staleness_threshold must be >= 0, got {self.staleness_threshold}")
-        if not 0.0 <= self.on_policy_min_ratio <= 1.0:
-            raise ValueError(f"on_policy_min_ratio must be in [0, 1], got {self.on_policy_min_ratio}")
+    size_per_stream: int  # algorithm.rollout_store_size_per_rank (>= 1)
+    staleness_threshold: int  # algorithm.staleness_threshold (>= 0)
+    on_policy_min_ratio: float  # algorithm.on_policy_min_ratio (in [0, 1])
 
     @classmethod
     def from_config(cls, algorithm) -> "VersionGate":
@@ -65,5 +62,13 @@ class VersionGate:
 
 
 def staleness(versions: torch.Tensor, current_version: int) -> int:
-    """How many versions behind ``current_version`` the oldest step of ``versions`` is."""
+    """How many versions behind ``current_version`` the oldest step of ``versions`` is: the lag the
+    gate judges a trajectory by (``accepts``), and the rollout store records."""
     return int(current_version) - int(versions.min().item())
+
+
+def mean_staleness(trajectories: Sequence[torch.Tensor], current_version: int) -> float:
+    """The gate's lag (``staleness``), one per trajectory (its steps' ``versions``), averaged over
+    ``trajectories``: ``train/actor/staleness`` of an update. 0 for none."""
+    lags = [staleness(versions, current_version) for versions in trajectories]
+    return sum(lags) / len(lags) if lags else 0.0

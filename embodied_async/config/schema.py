@@ -48,7 +48,7 @@ LOGPROB_TYPES = ("chunk_level", "token_level")  # algorithm.logprob_type
 @dataclass
 class EnvConfig:
     """What every env family's config has; a family subclasses it next to its code
-    (``envs/<family>/configuration_<family>.py``) with its own keys, and registers the subclass.
+    (``envs/<package>/configuration_<package>.py``) with its own keys, and registers the subclass.
 
     The framework reads only these fields. ``builder`` names the callable that builds the env:
     ``builder(env_cfg, num_envs, seed) -> Env`` (``embodied_async.contracts.Env``).
@@ -87,6 +87,11 @@ class EnvConfig:
     builder: ClassVar[str] = ""  # "module:callable"
     # the family's key naming its task (e.g. "task_id"); None: the family cannot run env.tasks
     task_key: ClassVar[Optional[str]] = None
+    # the family's key naming its robot (e.g. "robot_uids"); None: the task decides the robot
+    robot_key: ClassVar[Optional[str]] = None
+    # keys beside the task and the robot that decide what an action does (e.g. "control_mode"): a
+    # teacher's actions mean the same only where they agree (scripts/collect_demos.py)
+    control_keys: ClassVar[Tuple[str, ...]] = ()
     # families that can give privileged_states say so
     supports_privileged_states: ClassVar[bool] = False
     # "module:callable" building the family's scripted expert, ``expert(env_cfg, env)``: a callable
@@ -96,6 +101,30 @@ class EnvConfig:
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).
         Called after the framework's checks, once per task of ``tasks``; may import the simulator."""
+
+    def task_name(self) -> str:
+        """The task, as its family names it (the tasks joined by "+" under ``tasks``)."""
+        if self.tasks:
+            return "+".join(self.tasks)
+        return str(getattr(self, self.task_key)) if self.task_key else self.name
+
+    def robot_name(self) -> Optional[str]:
+        """The robot, as its family names it; None where the task decides it."""
+        return getattr(self, self.robot_key) if self.robot_key else None
+
+    def acting_settings(self) -> Dict[str, object]:
+        """What decides what an action does in this env: family, task, robot and control keys."""
+        keys = ("name", self.task_key, self.robot_key, *self.control_keys)
+        return {key: getattr(self, key) for key in keys if key}
+
+    def observes_states(self) -> bool:
+        """Whether its observations are the task's state vector (what ``privileged_states`` gives
+        beside camera images), rather than images."""
+        return False
+
+    def simulates_on_gpu(self) -> bool:
+        """Whether it needs a GPU to simulate (an evaluation without one refuses it)."""
+        return False
 
     def sub_env_tasks(self, num_envs: int) -> Tuple[str, ...]:
         """The task of each of ``num_envs`` sub-envs under ``tasks`` (empty without it)."""
@@ -130,7 +159,8 @@ class EnvConfig:
 @dataclass
 class ModelConfig:
     """What every policy family's config has; a family subclasses it next to its code
-    (``models/<family>/configuration_<family>.py``) with its own keys, and registers the subclass.
+    (``models/<package>/configuration_<package>.py``, a VLA's ``configuration_policy.py`` beside its
+    checkpoint's own ``configuration_<family>.py``) with its own keys, and registers the subclass.
 
     ``builder`` names the callable that builds the policy:
     ``builder(model_cfg, env_spec) -> Policy`` (``embodied_async.contracts.Policy``).
@@ -156,6 +186,12 @@ class ModelConfig:
     cpu_recipe: ClassVar[Optional[str]] = None
     # the module holding the family's dry-run arithmetic (see memory_estimate)
     memory_model: ClassVar[Optional[str]] = None
+    # the recipe a model of this family (a folder or hub id, not a run's checkpoint) is evaluated
+    # under by default (scripts/eval.py); None: the user names one
+    default_recipe: ClassVar[Optional[str]] = None
+    # parts of recipe names this family's recipes no longer use, and what stands there now: a
+    # recipe named the old way is refused naming the new name
+    renamed_recipe_parts: ClassVar[Dict[str, str]] = {}
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
@@ -181,6 +217,12 @@ class ModelConfig:
     def memory_notes(self) -> List[str]:
         """Assumptions behind ``memory_estimate`` worth printing with it."""
         return self._memory_model().notes(self) if self.memory_model else []
+
+    @classmethod
+    def recognizes(cls, target: str, config: Optional[Dict]) -> bool:
+        """Whether the model folder or hub id ``target`` holds a checkpoint of this family
+        (``config``: its ``config.json``, None when it has none, e.g. a hub id not yet fetched)."""
+        return False
 
     def _memory_model(self):
         import importlib
@@ -375,3 +417,35 @@ class TrainConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     sft: SupervisedConfig = field(default_factory=SupervisedConfig)
+
+
+# runner.mode -> what the runner trains: "ppo" (the async graph) or "sft" (supervised steps)
+RUNNER_MODES = ("ppo", "sft")
+# what only one runner.mode reads: whole sections, or "section.key". Set to anything but its
+# default in another mode, a key would do nothing there, so validation refuses it
+MODE_ONLY = {
+    "ppo": ("algorithm", "rollout", "runner.max_env_steps", "runner.stop_at_eval_success",
+            "runner.eval_pauses_training", "runner.eval_stop_once_below_target", "actor.value_lr",
+            "actor.critic_warmup_steps", "actor.policy_lr_warmup_steps", "actor.policy_lr_schedule",
+            "actor.policy_min_lr_ratio", "actor.frozen_parameter_prefixes"),
+    "sft": ("sft", "dataset.validation_fraction"),
+}
+
+
+def _section_type(section: str) -> type:
+    """The dataclass of a section of ``TrainConfig`` (each field's default factory is its class)."""
+    return next(f.default_factory for f in dataclasses.fields(TrainConfig) if f.name == section)
+
+
+def mode_only_keys(mode: str) -> List[str]:
+    """Every ``section.key`` that only ``mode`` reads (``MODE_ONLY`` with its sections expanded)."""
+    keys = []
+    for entry in MODE_ONLY[mode]:
+        keys += [entry] if "." in entry else [f"{entry}.{f.name}" for f in dataclasses.fields(_section_type(entry))]
+    return keys
+
+
+def schema_default(key: str):
+    """The schema's default of ``section.key`` (a section of ``TrainConfig`` with no required field)."""
+    section, name = key.split(".")
+    return getattr(_section_type(section)(), name)

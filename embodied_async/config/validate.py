@@ -7,7 +7,6 @@ class of the family they name (``embodied_async.registry``).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,7 +14,14 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
-from embodied_async.config.schema import LOGPROB_TYPES, PRECISIONS, TrainConfig
+from embodied_async.config.schema import (
+    LOGPROB_TYPES,
+    PRECISIONS,
+    RUNNER_MODES,
+    TrainConfig,
+    mode_only_keys,
+    schema_default,
+)
 from embodied_async.config.topology import Topology, resolve_topology
 
 FAMILY_SECTIONS = ("model", "env")
@@ -328,22 +334,11 @@ def _check_video(cfg: TrainConfig) -> None:
     positive(cfg.runner.eval_video_fps, "runner.eval_video_fps")
 
 
-# keys that only runner.mode=ppo reads, with their defaults: set in a supervised run they would do
-# nothing, so they are refused there
-PPO_ONLY_KEYS = {"runner.stop_at_eval_success": None, "runner.eval_pauses_training": False,
-                 "runner.eval_stop_once_below_target": False, "actor.frozen_parameter_prefixes": [],
-                 "actor.policy_lr_schedule": "constant"}
-
-
 def _check_supervised(cfg: TrainConfig) -> None:
-    choice(cfg.runner.mode, "runner.mode", ("ppo", "sft"))
+    choice(cfg.runner.mode, "runner.mode", RUNNER_MODES)
+    _refuse_other_modes_keys(cfg)
     if cfg.runner.mode != "sft":
         return
-    for key, default in PPO_ONLY_KEYS.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        require(value == default, f"{key}={value} with runner.mode=sft: only the PPO mode reads it, and a supervised "
-                                  f"run would ignore it; remove it (the SFT schedule is sft.lr_schedule)")
     require(cfg.dataset.root is not None, "runner.mode=sft needs dataset.root: a LeRobot dataset folder (e.g. one "
                                           "scripts/collect_demos.py wrote) or a Hugging Face dataset repo id")
     bound(cfg.dataset.validation_fraction, "dataset.validation_fraction", lambda v: 0.0 <= v < 1.0,
@@ -359,16 +354,22 @@ def _check_supervised(cfg: TrainConfig) -> None:
           "the cosine schedule ends at this fraction of actor.lr: use e.g. 0.1")
 
 
+def _refuse_other_modes_keys(cfg: TrainConfig) -> None:
+    """A key that only another ``runner.mode`` reads (``MODE_ONLY_KEYS``) keeps its schema default:
+    set, this mode would ignore it."""
+    for owner in RUNNER_MODES:
+        if owner == cfg.runner.mode:
+            continue
+        for key in mode_only_keys(owner):
+            section, name = key.split(".")
+            value, default = getattr(getattr(cfg, section), name), schema_default(key)
+            require(value == default,
+                    f"{key}={value} with runner.mode={cfg.runner.mode}: only runner.mode={owner} reads it, and this "
+                    f"run would ignore it; remove it (its default is {default!r})")
+
+
 def _check_resume_dir(path: str, key: str) -> None:
-    example = "logs/<run>/checkpoints/global_step_<N>"
-    require(os.path.isdir(path), f"{key}={path!r} is not a folder; point it at a checkpoint "
-                                 f"folder such as {example}")
-    if os.path.isfile(os.path.join(path, "runner.json")):
-        return
-    hint = ""
-    latest = os.path.join(path, "latest")  # the checkpoints root names its newest checkpoint
-    if os.path.isfile(latest):
-        with open(latest) as f:
-            hint = f" (this looks like a checkpoints root: its newest is {os.path.join(path, f.read().strip())!r})"
-    raise ConfigError(f"{key}={path!r} is a folder but not a checkpoint (it holds no runner.json)"
-                      f"{hint}; point it at one checkpoint folder such as {example}")
+    from embodied_async.run_folder import not_a_checkpoint
+
+    problem = not_a_checkpoint(path, key)
+    require(problem is None, problem)

@@ -13,7 +13,7 @@ import torch
 from embodied_async.algorithms import compute_gae, explained_variance, group_relative_advantages
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
-from embodied_async.algorithms.version_gate import VersionGate
+from embodied_async.algorithms.version_gate import VersionGate, mean_staleness
 from embodied_async.data import Trajectory
 from embodied_async.normalization import merge_observation_moments
 from embodied_async.scheduler.channel import ChannelClosed
@@ -92,7 +92,7 @@ class ActorWorker(TrainerCore):
         loss_mask = traj.loss_mask
         if alg.adv_type == "grpo":
             advantages, trained, metrics = group_relative_advantages(traj.rewards, traj.dones, alg.group_size,
-                                                                     alg.group_normalize_std)
+                                                                     normalize_std=alg.group_normalize_std)
             returns, loss_mask = torch.zeros_like(advantages), loss_mask & trained
         else:
             advantages, returns = compute_gae(traj.rewards, traj.values, traj.dones, traj.next_values,
@@ -147,7 +147,8 @@ class ActorWorker(TrainerCore):
         out = {**metrics, **self.store.pop_metrics(), **advantage_metrics,
                "train/actor/average_version": float(versions.mean()),
                "train/actor/current_version": float(self.version),
-               "train/actor/staleness": float(self.version - versions.mean()),
+               # the version gate's lag (actor version - the trajectory's oldest step's), mean over trajectories
+               "train/actor/staleness": mean_staleness([shard.versions for shard in shards], self.version),
                "train/actor/num_samples": float(batch.loss_mask.sum())}
         self.version += 1
         self.publish_weights()

@@ -9,21 +9,21 @@ copies the other's plumbing.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import warnings
 from collections import defaultdict
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.distributed as dist
 
-from embodied_async.checkpoint_io import CheckpointError, assert_no_pickle, load_tree, save_tree, verify_checkpoint
+from embodied_async.checkpoint_io import CheckpointError, load_tree, save_tree
 from embodied_async.data import WeightMessage
 from embodied_async.normalization import normalizer_state
 from embodied_async.registry import build_policy
+from embodied_async.run_folder import MODEL_TREE, write_model_info
 from embodied_async.workers.base import ProcessClock, setup_worker_process
 from embodied_async.workers.sharding import (
     COMPUTE_DTYPES,
@@ -63,29 +63,6 @@ def owned_copy(obj):
     return obj
 
 
-def checkpoint_family(folder: str) -> Optional[str]:
-    """The policy family a checkpoint of ours was written by (None when it does not say)."""
-    path = os.path.join(folder, "model_info.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get("family")
-
-
-def check_init_from(folder: str, model_cfg) -> None:
-    """Start-up check of ``model.init_from`` (in the launcher, before any worker): a whole
-    checkpoint of ours, written by a policy of this family."""
-    family = checkpoint_family(folder)
-    if family is not None and family != model_cfg.name:
-        raise CheckpointError(f"model.init_from={folder!r} holds a '{family}' policy and this run's model.name is "
-                              f"'{model_cfg.name}': start from a checkpoint of the same family")
-    try:
-        assert_no_pickle(folder)
-        verify_checkpoint(folder)
-    except CheckpointError as err:
-        raise CheckpointError(f"model.init_from={folder!r}: {err}") from None
-
-
 def check_frozen_prefixes(prefixes, trainable_names) -> None:
     """Each of ``actor.frozen_parameter_prefixes`` must name trainable parameters of the policy."""
     for prefix in prefixes:
@@ -97,9 +74,9 @@ def check_frozen_prefixes(prefixes, trainable_names) -> None:
 
 def load_initial_weights(policy, folder: str, model_cfg) -> None:
     """``model.init_from``: the checkpoint's weights and observation statistics, nothing else
-    (``check_init_from`` verified the files at start-up)."""
+    (``run_folder.check_init_from`` verified the files at start-up)."""
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
-    state = load_tree(folder, "model")
+    state = load_tree(folder, MODEL_TREE)
     # a supervised run never trains the value head: one of another shape (another
     # model.value_input or value_head_hidden_sizes) starts fresh instead of refusing the checkpoint
     prefixes = tuple(getattr(policy, "value_parameter_prefixes", ()))
@@ -259,20 +236,18 @@ class TrainerCore:
         optim_state = owned_copy(get_optimizer_state_dict(self.policy, self.optimizer, options=options))
         if self.rank == 0:
             os.makedirs(folder, exist_ok=True)
-            save_tree(model_state, folder, "model")
+            save_tree(model_state, folder, MODEL_TREE)
             save_tree(optim_state, folder, "optimizer")
             save_tree({"version": self.version, "optimizer_steps": self.optimizer_steps,
                        "generator": self.generator.get_state()}, folder, "actor_state")
-            with open(os.path.join(folder, "model_info.json"), "w") as f:
-                json.dump({"family": self.cfg.model.name, "base": getattr(self.cfg.model, "path", None),
-                           "contents": "full" if full else "trainable"}, f, indent=1)
+            write_model_info(folder, self.cfg.model, full)
 
     def load_checkpoint(self, folder: str) -> int:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         # the runner verified every file against the manifest before any worker started
         # (read_resume_state): hashing a large checkpoint again on each rank would only cost start-up
-        load_model_state(self.policy, load_tree(folder, "model"), self.trainable_names)
+        load_model_state(self.policy, load_tree(folder, MODEL_TREE), self.trainable_names)
         saved = load_tree(folder, "optimizer")
         # not strict: a parameter that never took a step (the adapters during critic warm-up)
         # has no Adam state. Loading gives it a zero state at step 1 all the same; dropping that

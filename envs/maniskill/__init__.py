@@ -1,12 +1,14 @@
 """ManiSkill3 env family (``env.name: maniskill``): ``configuration_maniskill`` holds its config,
-``maniskill_env`` the batched env. The names below are imported on first use, so loading the
-family's config (every run does) imports neither the env module nor ManiSkill."""
+``tasks`` the checks of a task (its id, assets, modes and robots) that the config and the env
+share, ``maniskill_env`` the batched env (built through ``gym_make``). The names below are imported
+on first use, so loading the family's config (every run does) imports neither the env module nor
+ManiSkill."""
 
 import importlib
 
 _MODULE_OF = {"ManiSkillConfig": "configuration_maniskill", "ManiSkillEnv": "maniskill_env",
-              "bootstrap_flags": "maniskill_env", "check_task_assets": "maniskill_env",
-              "check_task_robot": "maniskill_env", "task_instruction": "maniskill_env"}
+              "bootstrap_flags": "maniskill_env", "check_task_assets": "tasks", "check_task_modes": "tasks",
+              "check_task_robot": "tasks", "task_instruction": "tasks"}
 
 __all__ = sorted(_MODULE_OF)
 

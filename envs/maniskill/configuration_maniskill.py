@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING
 
 from embodied_async.config.checks import ConfigError, bound, choice, require
 from embodied_async.config.schema import EnvConfig
 
-# "rgb+segmentation": rgb images (the segmentation is only used inside the task, e.g. by the
-# Bridge twins' green screen that pastes the real scene behind the simulated objects)
-OBS_MODES = ("state", "rgb", "rgb+segmentation")
+from . import tasks as task_checks
+from .tasks import OBS_MODES
+
 SIM_BACKENDS = ("cpu", "gpu")
 GPU_SIM_BASE_BYTES = 2 * 2**30  # PhysX GPU buffers + SAPIEN's render system, one env process
 
@@ -51,10 +51,18 @@ class ManiSkillConfig(EnvConfig):
     extra_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     task_key: ClassVar[Optional[str]] = "task_id"  # env.tasks: several ManiSkill tasks (CPU backend)
+    robot_key: ClassVar[Optional[str]] = "robot_uids"
+    control_keys: ClassVar[Tuple[str, ...]] = ("control_mode",)
     builder: ClassVar[str] = "envs.maniskill.maniskill_env:ManiSkillEnv"
     supports_privileged_states: ClassVar[bool] = True  # the CPU backend's sub-envs (check())
     # our closed-loop controllers of a few tasks (envs/maniskill/scripted.py: SUPPORTED lists them)
     scripted_expert: ClassVar[Optional[str]] = "envs.maniskill.scripted:build_expert"
+
+    def observes_states(self) -> bool:
+        return self.obs_mode == "state"
+
+    def simulates_on_gpu(self) -> bool:
+        return self.sim_backend == "gpu"
 
     def check(self) -> None:
         choice(self.obs_mode, "env.obs_mode", OBS_MODES)
@@ -109,18 +117,16 @@ class ManiSkillConfig(EnvConfig):
         """The task exists and supports the configured modes. Missing assets are not a config
         error: the env worker reports them with the download command, and a machine that only
         validates configs need not hold them."""
-        from envs.maniskill.maniskill_env import check_task_assets, check_task_modes, check_task_robot
-
         try:
-            check_task_assets(self.task_id, self.robot_uids)
+            task_checks.check_task_assets(self.task_id, self.robot_uids)
         except FileNotFoundError:
             pass
         except ValueError as err:
             raise ConfigError(f"{err}. Set env.task_id to a ManiSkill task (check the spelling and the -v<N> "
                               "version suffix)") from None
         try:
-            check_task_modes(self.task_id, self.obs_mode, self.reward_mode)
-            check_task_robot(self.task_id, self.robot_uids)
+            task_checks.check_task_modes(self.task_id, self.obs_mode, self.reward_mode)
+            task_checks.check_task_robot(self.task_id, self.robot_uids)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         require(self.robot_uids is None or "robot_uids" not in self.extra_kwargs,

@@ -13,12 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import difflib
-import functools
-import inspect
-import re
-import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -34,237 +28,10 @@ from embodied_async.data import (
 from embodied_async.evaluation import VIDEO_KEY
 from embodied_async.serial_env import SerialEnv
 
-from .configuration_maniskill import OBS_MODES, SIM_BACKENDS, ManiSkillConfig
+from .configuration_maniskill import ManiSkillConfig
+from .gym_make import gym_kwargs, make_task_env
 from .rewards import REWARDS
-
-DOWNLOAD_COMMAND = "python -m mani_skill.utils.download_asset {} -y"
-
-# Hand-written instructions for common tasks (the Bridge twins report their own through
-# get_language_instruction); other ids fall back to the words of the id.
-INSTRUCTIONS: Dict[str, str] = {
-    "PushCube-v1": "push the cube to the goal region",
-    "PickCube-v1": "pick up the cube and move it to the goal",
-    "StackCube-v1": "stack the red cube on top of the green cube",
-    "PushT-v1": "push the T-shaped block onto the target T",
-    "PullCube-v1": "pull the cube to the goal region",
-    "PokeCube-v1": "use the peg to poke the cube to the goal region",
-    "LiftPegUpright-v1": "lift the peg upright",
-    "PegInsertionSide-v1": "insert the peg into the hole in the side of the box",
-    "PlugCharger-v1": "plug the charger into the receptacle",
-    "RollBall-v1": "push the ball so that it rolls into the goal region",
-    "PlaceSphere-v1": "place the sphere into the bin",
-    "PickSingleYCB-v1": "pick up the object and move it to the goal",
-}
-
-# ManiSkill's prompt function is a module global; the lock keeps concurrent constructions (the
-# "local" cluster backend runs workers as threads) from restoring each other's patch.
-_PROMPT_LOCK = threading.Lock()
-# The same for the robot's URDF path, a class attribute a low-poly robot copy swaps (_robot_urdf).
-_ROBOT_LOCK = threading.RLock()
-
-
-def task_instruction(task_id: str, instruction: Optional[str] = None) -> str:
-    """The language instruction: ``instruction`` if given, the table entry, else the id's words
-    (``"TurnFaucet-v1"`` -> ``"turn faucet"``)."""
-    if instruction:
-        return instruction
-    if task_id in INSTRUCTIONS:
-        return INSTRUCTIONS[task_id]
-    name = re.sub(r"-v\d+$", "", task_id)
-    # Split CamelCase keeping acronyms and robot names whole: "UnitreeG1Stand" -> unitree g1 stand.
-    words = re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+\d*|\d+", name)
-    return " ".join(w.lower() for w in words) or task_id
-
-
-def _missing_asset_path(asset_id: str) -> Optional[str]:
-    """Where the asset (a data source or a group of them) belongs when absent; None if present."""
-    from mani_skill.utils import assets
-
-    if asset_id in assets.DATA_SOURCES:
-        ids = [asset_id]
-    elif asset_id in assets.DATA_GROUPS:
-        ids = assets.expand_data_group_into_individual_data_source_ids(asset_id)
-    else:
-        return None  # not a downloadable id: nothing to check
-    absent = [assets.DATA_SOURCES[i] for i in ids if not assets.is_data_source_downloaded(i)]
-    if not absent:
-        return None
-    # A group (e.g. hundreds of PartNet models) is named by the folder its sources share.
-    first = absent[0]
-    return str(first.output_dir / first.target_path if len(ids) == 1 else first.output_dir)
-
-
-def check_task_assets(task_id: str, robot_uids: Any = None) -> None:
-    """Fail fast, without prompting or downloading, when ``task_id`` cannot be built here.
-
-    Raises ``ValueError`` for an unknown id (with close matches from ManiSkill's registry) and
-    ``FileNotFoundError`` naming the download command when the task's or its robot's assets are
-    missing. ManiSkill itself would ask "download now? (y|n)" on stdin, which hangs a worker.
-    """
-    import mani_skill.envs  # noqa: F401  (importing registers every task)
-    from mani_skill.agents.registration import REGISTERED_AGENTS
-    from mani_skill.utils.registration import REGISTERED_ENVS
-
-    if task_id not in REGISTERED_ENVS:
-        close = difflib.get_close_matches(task_id, list(REGISTERED_ENVS), n=5, cutoff=0.4)
-        hint = ", ".join(close) if close else ", ".join(sorted(REGISTERED_ENVS)[:8]) + ", ..."
-        raise ValueError(f"unknown ManiSkill task id '{task_id}' (env.task_id); close: {hint}")
-    spec = REGISTERED_ENVS[task_id]
-    asset_ids = list(spec.asset_download_ids or [])
-    if robot_uids is None:
-        # The task's default robot, when its constructor names one (e.g. robot_uids="panda").
-        param = inspect.signature(spec.cls.__init__).parameters.get("robot_uids")
-        robot_uids = None if param is None else param.default
-    robots = robot_uids if isinstance(robot_uids, (list, tuple)) else [robot_uids]
-    for uid in robots:
-        if isinstance(uid, str) and uid in REGISTERED_AGENTS:
-            asset_ids += REGISTERED_AGENTS[uid].asset_download_ids or []
-    paths = {a: _missing_asset_path(a) for a in dict.fromkeys(asset_ids)}
-    missing = [a for a, path in paths.items() if path is not None]
-    if missing:
-        where = "; ".join(f"{a} (expected at {paths[a]})" for a in missing)
-        commands = "\n".join("  " + DOWNLOAD_COMMAND.format(a) for a in missing)
-        raise FileNotFoundError(
-            f"ManiSkill task '{task_id}' needs assets that are not downloaded: {where}. "
-            f"Download them with:\n{commands}\n(set MS_ASSET_DIR to keep them elsewhere)"
-        )
-
-
-def check_task_modes(task_id: str, obs_mode: str, reward_mode: str) -> None:
-    """``ValueError`` naming the supported modes when the task cannot run with these, read from
-    the task class before any scene is built (so it works without the task's assets).
-
-    ManiSkill would raise ``NotImplementedError`` only inside the env's constructor. Tasks that
-    declare "any_textures" accept any image mode (rgb, rgb+segmentation, ...)."""
-    import mani_skill.envs  # noqa: F401  (importing registers every task)
-    from mani_skill.utils.registration import REGISTERED_ENVS
-
-    task = REGISTERED_ENVS[task_id].cls
-    obs_modes = tuple(task.SUPPORTED_OBS_MODES)
-    textures = obs_mode != "state" and "any_textures" in obs_modes
-    if obs_mode not in obs_modes and not textures:
-        usable = [m for m in obs_modes if m in OBS_MODES]
-        if "any_textures" in obs_modes:
-            usable += ["rgb", "rgb+segmentation"]
-        raise ValueError(f"ManiSkill task '{task_id}' does not support env.obs_mode={obs_mode!r}: it supports "
-                         f"{list(obs_modes)}. Set env.obs_mode to one of {sorted(set(usable))}")
-    reward_modes = tuple(task.SUPPORTED_REWARD_MODES)
-    if reward_mode not in reward_modes:
-        hint = " (it pays no reward itself: set env.reward to a named reward such as 'grasp_place')" \
-            if reward_modes == ("none",) else ""
-        raise ValueError(f"ManiSkill task '{task_id}' does not support env.reward_mode={reward_mode!r}: it supports "
-                         f"{list(reward_modes)}. Set env.reward_mode to one of them{hint}")
-
-
-def check_task_robot(task_id: str, robot_uids: Optional[str]) -> None:
-    """``ValueError`` listing the task's robots when ``robot_uids`` is not one of them."""
-    if robot_uids is None:
-        return
-    import mani_skill.envs  # noqa: F401  (importing registers every task)
-    from mani_skill.utils.registration import REGISTERED_ENVS
-
-    supported = list(getattr(REGISTERED_ENVS[task_id].cls, "SUPPORTED_ROBOTS", None) or [])
-    names = [r if isinstance(r, str) else "+".join(r) for r in supported]
-    if supported and robot_uids not in names:
-        raise ValueError(f"env.robot_uids={robot_uids!r} is not a robot of ManiSkill task '{task_id}'; it supports: "
-                         f"{', '.join(names)}")
-
-
-@contextlib.contextmanager
-def _control_mode_named(env_cfg):
-    """ManiSkill asserts on a control mode the robot lacks: say which key and which modes."""
-    try:
-        yield
-    except AssertionError as err:
-        if "not in supported modes" not in str(err):
-            raise
-        robot = env_cfg.robot_uids or "the task's default robot"
-        raise ValueError(f"env.control_mode={env_cfg.control_mode!r} is not a control mode of {robot} in ManiSkill "
-                         f"task '{env_cfg.task_id}': {err}. Set env.control_mode to one of them") from None
-
-
-@contextlib.contextmanager
-def _refuse_download_prompts(task_id: str):
-    """Turn a download prompt ManiSkill still reaches (robots chosen inside a task's constructor,
-    which ``check_task_assets`` cannot see) into an error instead of ``input()`` / ``exit()``."""
-    from mani_skill.utils import download_asset
-
-    def refuse(message: str):
-        match = re.search(r"Robot (\S+) has assets", message)
-        uid = match.group(1) if match else task_id
-        raise FileNotFoundError(
-            f"ManiSkill task '{task_id}' needs assets that are not downloaded ({message.strip()}). "
-            f"Download them with:\n  {DOWNLOAD_COMMAND.format(uid)}"
-        )
-
-    with _PROMPT_LOCK:
-        original = download_asset.prompt_yes_no
-        download_asset.prompt_yes_no = refuse
-        try:
-            yield
-        finally:
-            download_asset.prompt_yes_no = original
-
-
-def _task_robot_class(task_id: str, robot_uids: Optional[str]):
-    """The agent class ManiSkill builds for ``task_id`` with ``robot_uids`` (null: the task's
-    default, the ``robot_uids`` default of its constructor)."""
-    from mani_skill.agents.registration import REGISTERED_AGENTS
-    from mani_skill.utils.registration import REGISTERED_ENVS
-
-    uid = robot_uids
-    if uid is None:
-        default = inspect.signature(REGISTERED_ENVS[task_id].cls.__init__).parameters.get("robot_uids")
-        uid = None if default is None else default.default
-    if not isinstance(uid, str) or uid not in REGISTERED_AGENTS:
-        raise ValueError(f"env.robot_mesh_fraction < 1 needs one robot by name; ManiSkill task '{task_id}' uses "
-                         f"{uid!r}: set env.robot_uids, or env.robot_mesh_fraction=1.0")
-    agent_cls = REGISTERED_AGENTS[uid].agent_cls
-    if getattr(agent_cls, "urdf_path", None) is None:
-        raise ValueError(f"env.robot_mesh_fraction < 1 reduces a URDF robot's meshes; '{uid}' has no URDF: set "
-                         "env.robot_mesh_fraction=1.0")
-    return agent_cls
-
-
-@contextlib.contextmanager
-def _robot_urdf(agent_cls, urdf_path: Optional[str]):
-    """ManiSkill reads the robot's URDF from its agent class when it builds a scene: point the
-    class at ``urdf_path`` (None: leave it) for as long as the scene is built."""
-    with _ROBOT_LOCK:  # the attribute is shared by every env of this process: build one at a time
-        if urdf_path is None:
-            yield
-            return
-        original = agent_cls.urdf_path
-        agent_cls.urdf_path = urdf_path
-        try:
-            yield
-        finally:
-            agent_cls.urdf_path = original
-
-
-def _build_robot_from(base, agent_cls, urdf_path: Optional[str]) -> None:
-    """Later scene rebuilds (a reset with reconfiguration) load the same robot copy."""
-    if urdf_path is None:
-        return
-    load_agent = base._load_agent
-
-    def load_agent_from_copy(*args, **kwargs):
-        with _robot_urdf(agent_cls, urdf_path):
-            return load_agent(*args, **kwargs)
-
-    base._load_agent = load_agent_from_copy
-
-
-@functools.lru_cache(maxsize=1)
-def _render_backend() -> str:
-    """"gpu" when SAPIEN sees a CUDA device, else "cpu" (saves ManiSkill's fall-back warning)."""
-    import sapien
-
-    try:
-        sapien.Device("cuda")
-        return "gpu"
-    except RuntimeError:
-        return "cpu"
+from .tasks import check_task_assets, task_instruction
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -343,108 +110,97 @@ class ManiSkillEnv:
     """
 
     def __init__(self, env_cfg: ManiSkillConfig, num_envs: int, seed: int = 0):
+        """The config is the checked one (``check()`` ran at start-up): what it checked (modes, task
+        ids, robots, rewards) is not checked again here."""
         self.cfg = env_cfg
         self.num_envs = int(num_envs)
         self.task_id = env_cfg.task_id
         self.obs_mode = env_cfg.obs_mode
         self.backend = env_cfg.sim_backend
         self.terminal_on_success = bool(env_cfg.terminal_on_success)
-        if self.obs_mode not in OBS_MODES:
-            raise ValueError(f"env.obs_mode must be one of {OBS_MODES}, got '{self.obs_mode}'")
-        if self.backend not in SIM_BACKENDS:
-            raise ValueError(f"env.sim_backend must be one of {SIM_BACKENDS}, got '{self.backend}'")
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
-        if env_cfg.privileged_states and self.backend != "cpu":
-            raise ValueError("env.privileged_states=true needs env.sim_backend=cpu (the GPU vector env resets finished "
-                             "sub-envs before their final state can be read)")
-        extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
-        if env_cfg.robot_uids is not None:
-            extra["robot_uids"] = env_cfg.robot_uids
         # the task of each sub-env: env.tasks spread over them, or the one env.task_id
         self.sub_env_tasks = list(env_cfg.sub_env_tasks(self.num_envs)) or [self.task_id] * self.num_envs
-        if env_cfg.tasks and self.backend != "cpu":
-            raise ValueError(f"env.tasks={list(env_cfg.tasks)} needs env.sim_backend=cpu (the GPU backend batches "
-                             "one task)")
-        for task in dict.fromkeys(self.sub_env_tasks):
-            check_task_assets(task, extra.get("robot_uids"))
-            check_task_modes(task, self.obs_mode, env_cfg.reward_mode)
-            check_task_robot(task, env_cfg.robot_uids)
+        self._check_buildable()
         self._reward = None
         if env_cfg.reward is not None:
             self._reward = REWARDS[env_cfg.reward](self.num_envs, dict(env_cfg.reward_weights))
-
-        import gymnasium as gym
-        import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
-
-        kwargs: Dict[str, Any] = dict(
-            obs_mode=self.obs_mode,
-            reward_mode=env_cfg.reward_mode,
-            render_mode=None,
-            sim_backend=self.backend,
-            render_backend="gpu" if self.backend == "gpu" else _render_backend(),
-        )
-        if self.backend == "cpu":
-            # an auto-reset episode then starts from the sub-env's own seeded RNG, not from the
-            # process's global torch RNG (which the policy's sampling also draws from): a run's
-            # training episodes follow from its seed, and an evaluation reset with one seed
-            # replays the same episodes in any process
-            kwargs["enhanced_determinism"] = True
-        if env_cfg.control_mode:
-            kwargs["control_mode"] = env_cfg.control_mode
-        if env_cfg.max_episode_steps:
-            kwargs["max_episode_steps"] = int(env_cfg.max_episode_steps)
-        if env_cfg.render_video:
-            if self.backend != "cpu":
-                raise ValueError("render_video needs sim_backend='cpu' (the GPU vector env resets finished sub-envs "
-                                 "before their last frame can be rendered)")
-            height, width = (int(v) for v in env_cfg.video_size)
-            kwargs["human_render_camera_configs"] = dict(width=width, height=height)
-        if self.obs_mode != "state":
-            height, width = (int(v) for v in env_cfg.image_size)
-            sensors = dict(width=width, height=height)
-            sensors.update(extra.pop("sensor_configs", None) or {})
-            kwargs["sensor_configs"] = sensors
-        kwargs.update(extra)
-
         self._envs: List[Any] = []  # CPU: one gym env per sub-env
         self._vec = None  # GPU: one ManiSkillVectorEnv
         self._robot_copies: Dict[Any, str] = {}  # robot class -> its low-poly URDF
-        if self.backend == "cpu":
-            for task in self.sub_env_tasks:
-                self._envs.append(self._make(gym, task, kwargs, 1))
-        else:
-            from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
-
-            self._vec = ManiSkillVectorEnv(self._make(gym, self.task_id, kwargs, self.num_envs), auto_reset=True,
-                                           ignore_terminations=False)
-        base = self._envs[0].unwrapped if self._envs else self._vec.base_env
+        self._serial: Optional[SerialEnv] = None  # CPU: the sub-envs stepped in turn
+        self._obs: Observation = {}  # GPU: current obs of all sub-envs
+        self._main_cam: Optional[str] = None
+        self._wrist_cam: Optional[str] = None
+        base = self._build_envs()
         space = base.single_action_space
         self._low = np.asarray(space.low, dtype=np.float32).reshape(-1)
         self._high = np.asarray(space.high, dtype=np.float32).reshape(-1)
         self.instruction = self._instruction(base)
-        self._serial: Optional[SerialEnv] = None  # CPU: the sub-envs stepped in turn
         if self._vec is None:
-            instructions = {}  # per task, read from its first sub-env
-            for env, task in zip(self._envs, self.sub_env_tasks):
-                instructions.setdefault(task, self._instruction(env.unwrapped, task))
-                action_space = env.unwrapped.single_action_space
-                if not (np.array_equal(action_space.low.reshape(-1), self._low)
-                        and np.array_equal(action_space.high.reshape(-1), self._high)):
-                    raise ValueError(f"env.tasks: task '{task}' acts in other bounds than '{self.sub_env_tasks[0]}' "
-                                     "(the tasks of a run share one action space)")
-            subs = [ManiSkillSubEnv(self, i, instructions[task]) for i, task in enumerate(self.sub_env_tasks)]
-            self._serial = SerialEnv(subs, self._low, self._high, self.terminal_on_success)
-        self._obs: Observation = {}  # GPU: current obs of all sub-envs
-        self._main_cam: Optional[str] = None
-        self._wrist_cam: Optional[str] = None
-        self.spec = EnvSpec.from_observation(
-            self.reset(seed=seed).obs, action_dim=int(self._low.shape[0]),
-            num_action_chunks=int(env_cfg.num_action_chunks), action_low=self._low.tolist(),
-            action_high=self._high.tolist(), instruction=self.instruction, reports_success=True,
-            reports_fail=True, control_hz=float(base.control_freq), tasks=env_cfg.sub_env_tasks(self.num_envs))
+            self._serial = self._serial_env()
+        self.spec = self._spec(base, seed)
         if self._reward is not None:
             self._check_reward_info(base)
+
+    def _check_buildable(self) -> None:
+        """What the config's check cannot see: the sub-env count, the options that need the CPU
+        backend where they are set after it (the evaluation's ``render_video``, ``collect_demos``'
+        ``privileged_states``) or not seen by it (``env.tasks``: checked one task at a time), and
+        the assets of each task (missing ones are the env's to report, with the download command)."""
+        cfg = self.cfg
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+        if cfg.privileged_states and self.backend != "cpu":
+            raise ValueError("env.privileged_states=true needs env.sim_backend=cpu (the GPU vector env resets finished "
+                             "sub-envs before their final state can be read)")
+        if cfg.tasks and self.backend != "cpu":
+            raise ValueError(f"env.tasks={list(cfg.tasks)} needs env.sim_backend=cpu (the GPU backend batches "
+                             "one task)")
+        if cfg.render_video and self.backend != "cpu":
+            raise ValueError("render_video needs sim_backend='cpu' (the GPU vector env resets finished sub-envs "
+                             "before their last frame can be rendered)")
+        robot_uids = cfg.robot_uids if cfg.robot_uids is not None else (cfg.extra_kwargs or {}).get("robot_uids")
+        for task in dict.fromkeys(self.sub_env_tasks):
+            check_task_assets(task, robot_uids)
+
+    def _build_envs(self):
+        """The simulators: one gym env per sub-env (CPU) or one batched vector env (GPU). Returns
+        the (first) task env, whose action space and instruction stand for all."""
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
+
+        kwargs = gym_kwargs(self.cfg)
+        if self.backend == "cpu":
+            for task in self.sub_env_tasks:
+                self._envs.append(make_task_env(gym, task, kwargs, 1, self.cfg, self._robot_copies))
+            return self._envs[0].unwrapped
+        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+        env = make_task_env(gym, self.task_id, kwargs, self.num_envs, self.cfg, self._robot_copies)
+        self._vec = ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+        return self._vec.base_env
+
+    def _serial_env(self) -> SerialEnv:
+        """The CPU backend's sub-envs stepped in turn, each task's instruction read from its first
+        sub-env; the tasks of a run share one action space."""
+        instructions = {}
+        for env, task in zip(self._envs, self.sub_env_tasks):
+            instructions.setdefault(task, self._instruction(env.unwrapped, task))
+            action_space = env.unwrapped.single_action_space
+            if not (np.array_equal(action_space.low.reshape(-1), self._low)
+                    and np.array_equal(action_space.high.reshape(-1), self._high)):
+                raise ValueError(f"env.tasks: task '{task}' acts in other bounds than '{self.sub_env_tasks[0]}' "
+                                 "(the tasks of a run share one action space)")
+        subs = [ManiSkillSubEnv(self, i, instructions[task]) for i, task in enumerate(self.sub_env_tasks)]
+        return SerialEnv(subs, self._low, self._high, self.terminal_on_success)
+
+    def _spec(self, base, seed: ResetSeed) -> EnvSpec:
+        """The spec, from the observation of the first (seeded) reset."""
+        return EnvSpec.from_observation(
+            self.reset(seed=seed).obs, action_dim=int(self._low.shape[0]),
+            num_action_chunks=int(self.cfg.num_action_chunks), action_low=self._low.tolist(),
+            action_high=self._high.tolist(), instruction=self.instruction, reports_success=True,
+            reports_fail=True, control_hz=float(base.control_freq), tasks=self.cfg.sub_env_tasks(self.num_envs))
 
     def reset(self, seed: ResetSeed = None) -> EnvOutput:
         """Reset every sub-env (an int: sub-env ``i`` gets ``seed + i``; a list: one seed each, the
@@ -552,23 +308,6 @@ class ManiSkillEnv:
         arrays = {k: _to_numpy(info[k]).reshape(len(rows)) for k in self._reward.INFO_KEYS if k in info}
         arrays["task_reward"] = _to_numpy(task_reward).reshape(len(rows))
         return self._reward.step(arrays, rows)
-
-    def _make(self, gym, task: str, kwargs: Dict[str, Any], num_envs: int):
-        """``gym.make`` of ``task`` with ``num_envs`` scenes, its robot the low-poly copy when
-        ``env.robot_mesh_fraction`` < 1."""
-        agent_cls, robot_copy = None, None
-        if float(self.cfg.robot_mesh_fraction) < 1.0:
-            from .low_poly import low_poly_urdf
-
-            agent_cls = _task_robot_class(task, self.cfg.robot_uids)
-            if agent_cls not in self._robot_copies:
-                self._robot_copies[agent_cls] = str(low_poly_urdf(agent_cls.urdf_path,
-                                                                  float(self.cfg.robot_mesh_fraction)))
-            robot_copy = self._robot_copies[agent_cls]
-        with _refuse_download_prompts(task), _control_mode_named(self.cfg), _robot_urdf(agent_cls, robot_copy):
-            env = gym.make(task, num_envs=num_envs, **kwargs)
-            _build_robot_from(env.unwrapped, agent_cls, robot_copy)
-        return env
 
     def _instruction(self, base, task: Optional[str] = None) -> str:
         if getattr(self.cfg, "instruction", None):

@@ -9,7 +9,7 @@ checks read the package's own registries and fail listing the valid names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, List, Optional
+from typing import ClassVar, List, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -43,6 +43,9 @@ class MujocoConfig(EnvConfig):
     supports_privileged_states: ClassVar[bool] = True  # every family's full state (Task.state)
     # the module holding the family's task class (``Task``: one simulator) and its name checks
     task_module: ClassVar[str] = ""
+
+    def observes_states(self) -> bool:
+        return self.obs_mode == "state"
 
     def check(self) -> None:
         choice(self.obs_mode, "env.obs_mode", OBS_MODES)
@@ -85,6 +88,8 @@ class RobosuiteConfig(MujocoConfig):
     reward_shaping: bool = True  # the task's dense staged reward (false: success only)
 
     task_module: ClassVar[str] = "envs.mujoco.robosuite_tasks"
+    robot_key: ClassVar[Optional[str]] = "robot"
+    control_keys: ClassVar[Tuple[str, ...]] = ("controller",)
 
     def check(self) -> None:
         bound(self.control_freq, "env.control_freq", lambda v: 1 <= v <= 500, "must be within 1-500",

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 from embodied_async.config.checks import bound, choice
 from embodied_async.config.schema import ModelConfig
@@ -51,6 +51,16 @@ class OpenVLAPolicyConfig(ModelConfig):
     logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level", "token_level")
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla_tiny"
     memory_model: ClassVar[Optional[str]] = "models.openvla.memory"
+    default_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla"
+
+
+    @classmethod
+    def recognizes(cls, target: str, config: Optional[Dict]) -> bool:
+        """The official checkpoint format (``model_type`` "openvla"), or a hub id naming OpenVLA."""
+        if config is not None:
+            return config.get("model_type") == "openvla" or "OpenVLAForActionPrediction" in config.get(
+                "architectures", [])
+        return "openvla" in target.lower()
 
     def check(self) -> None:
         bound(self.temperature, "model.temperature", lambda v: v > 0, "must be > 0",

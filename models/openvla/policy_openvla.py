@@ -117,46 +117,22 @@ class OpenVLAPolicy(nn.Module):
             raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
         config = vla.config
         self.vla = vla
-        stats = get_action_stats(config.norm_stats or {}, unnorm_key)
-        low = np.asarray(stats["q01"], dtype=np.float64)
-        # buffers: published and checkpointed, so fine-tuning on a dataset can bring its own range
-        self.action_statistics = InputStatistics(
-            q01=low, q99=np.asarray(stats["q99"], dtype=np.float64),
-            mask=np.asarray(stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool))
-        self.action_dim = len(low)
-        self.action_tokenizer = ActionTokenizer.from_config(config)
-        self.token_low, self.token_high = self.action_tokenizer.action_token_range()
+        self._set_action_space(config, unnorm_key)
         self.temperature, self.top_k = float(temperature), top_k
         if eval_temperature is not None and eval_temperature <= 0:
             raise ValueError(f"eval_temperature must be > 0 (None: greedy), got {eval_temperature}")
         self.eval_temperature = eval_temperature
         self.pad_token_id = int(config.pad_token_id)
         self.store_raw_images = store_raw_images
-        if image_preprocessing not in IMAGE_PREPROCESSING:
-            raise ValueError(f"image_preprocessing={image_preprocessing!r}; use one of {IMAGE_PREPROCESSING}")
-        self.image_preprocessing = image_preprocessing
-        if image_processor is None:
-            size = int(config.image_sizes[0])
-            image_processor = OpenVLAImageProcessor(config.image_resize_strategy, [(3, size, size)] * 2)
-        self.image_processor = image_processor
-        if image_preprocessing == "torch" and not image_processor.torch_resizable:
-            raise ValueError("image_preprocessing='torch' resizes only with the bicubic or bilinear filter, and this "
-                             "checkpoint's preprocessor_config.json names another: use 'pil' or 'auto'")
+        self._set_image_processing(config, image_preprocessing, image_processor)
         if prompt_ids_fn is None and tokenizer is not None:
-            processor = OpenVLAProcessor(image_processor, tokenizer, self.pad_token_id)
+            processor = OpenVLAProcessor(self.image_processor, tokenizer, self.pad_token_id)
             prompt_ids_fn = lambda text: processor.tokenize(build_prompt(text))  # noqa: E731
         self.prompt_ids_fn = prompt_ids_fn or hash_prompt_ids
-        hidden = int(config.text_config.hidden_size)
-        dtype = vla.projector.fc1.weight.dtype
         # the value head reads the prompt's last hidden state, or (privileged_value_dim > 0) the env's
         # privileged state vector: an asymmetric critic, for simulators (the actor still sees images)
         self.privileged_value = value_head and privileged_value_dim > 0
-        if not value_head:  # a value-free run (algorithm.adv_type=grpo): zero values, nothing to train
-            self.value_head = None
-        elif self.privileged_value:
-            self.value_head = PrivilegedValueHead(privileged_value_dim, value_head_hidden_sizes, dtype)
-        else:
-            self.value_head = make_mlp(hidden, list(value_head_hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
+        self.value_head = self._make_value_head(value_head, privileged_value_dim, value_head_hidden_sizes)
         self.lora_enabled = lora_rank > 0
         if self.lora_enabled:
             self._add_lora(lora_rank, lora_alpha, lora_dropout, lora_target_modules, lora_init)
@@ -167,6 +143,44 @@ class OpenVLAPolicy(nn.Module):
         params = inspect.signature(vla.language_model.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.supervised_horizon = 1  # one action per decision
+
+    def _set_action_space(self, config, unnorm_key: Optional[str]) -> None:
+        """The action statistics (``unnorm_key``'s of ``config.norm_stats``) and the action tokens."""
+        stats = get_action_stats(config.norm_stats or {}, unnorm_key)
+        low = np.asarray(stats["q01"], dtype=np.float64)
+        # buffers: published and checkpointed, so fine-tuning on a dataset can bring its own range
+        self.action_statistics = InputStatistics(
+            q01=low, q99=np.asarray(stats["q99"], dtype=np.float64),
+            mask=np.asarray(stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool))
+        self.action_dim = len(low)
+        self.action_tokenizer = ActionTokenizer.from_config(config)
+        self.token_low, self.token_high = self.action_tokenizer.action_token_range()
+
+    def _set_image_processing(self, config, image_preprocessing: str,
+                              image_processor: Optional[OpenVLAImageProcessor]) -> None:
+        """Where images are resized, and the processor (default: the one of the model's image size)."""
+        if image_preprocessing not in IMAGE_PREPROCESSING:
+            raise ValueError(f"image_preprocessing={image_preprocessing!r}; use one of {IMAGE_PREPROCESSING}")
+        self.image_preprocessing = image_preprocessing
+        if image_processor is None:
+            size = int(config.image_sizes[0])
+            image_processor = OpenVLAImageProcessor(config.image_resize_strategy, [(3, size, size)] * 2)
+        self.image_processor = image_processor
+        if image_preprocessing == "torch" and not image_processor.torch_resizable:
+            raise ValueError("image_preprocessing='torch' resizes only with the bicubic or bilinear filter, and this "
+                             "checkpoint's preprocessor_config.json names another: use 'pil' or 'auto'")
+
+    def _make_value_head(self, value_head: bool, privileged_value_dim: int,
+                         hidden_sizes: Sequence[int]) -> Optional[nn.Module]:
+        """None for a value-free run (algorithm.adv_type=grpo: zero values, nothing to train), else an
+        MLP on the prompt's last hidden state or on the privileged state vector, in the VLA's dtype."""
+        dtype = self.vla.projector.fc1.weight.dtype
+        if not value_head:
+            return None
+        if self.privileged_value:
+            return PrivilegedValueHead(privileged_value_dim, hidden_sizes, dtype)
+        hidden = int(self.vla.config.text_config.hidden_size)
+        return make_mlp(hidden, list(hidden_sizes), 1, "gelu", out_std=1.0).to(dtype)
 
     @classmethod
     def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32, device=None, **kwargs) -> "OpenVLAPolicy":

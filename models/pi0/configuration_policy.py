@@ -74,8 +74,18 @@ class Pi0PolicyConfig(ModelConfig):
 
     builder: ClassVar[str] = "models.pi0.policy_pi0:build_pi0_policy"
     logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level", "token_level")
-    cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openpi_tiny"
+    cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_pi0_tiny"
     memory_model: ClassVar[Optional[str]] = "models.pi0.memory"
+    default_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_pi0"
+    renamed_recipe_parts: ClassVar[Dict[str, str]] = {"_openpi": "_pi0"}  # recipes are named by family
+
+
+    @classmethod
+    def recognizes(cls, target: str, config: Optional[Dict]) -> bool:
+        """LeRobot's checkpoint format (``type`` "pi0"), or a hub id naming Pi0."""
+        if config is not None:
+            return config.get("type") == "pi0"
+        return "pi0" in target.lower()
 
     def fetch(self) -> None:
         fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")

@@ -285,13 +285,39 @@ def load_tokenizer(name: str, vocab_size: int) -> Callable[[str], List[int]]:
     return lambda text: list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
+def _normalization(model_cfg, folder: str):
+    """The normalisation statistics (``model.normalization_stats``, else the checkpoint's) and where
+    they come from, for messages."""
+    from .processing_pi0 import PREPROCESSOR_FILE, normalization_from_config, read_normalization
+
+    if model_cfg.normalization_stats:
+        normalization = normalization_from_config(model_cfg.normalization_stats, model_cfg.normalization_modes)
+        return normalization, "model.normalization_stats"
+    normalization = read_normalization(folder)
+    if normalization is None:
+        raise FileNotFoundError(f"{folder} holds no normalisation statistics ({PREPROCESSOR_FILE}): give "
+                                "them as model.normalization_stats / model.normalization_modes")
+    return normalization, f"{folder}/{PREPROCESSOR_FILE}"
+
+
+def _check_state_dim(state_dim: int, arch, path: str) -> None:
+    """The env's state fits the checkpoint's padded state; another length than the one it was
+    trained on is noted (fine-tuning on another robot pads the same)."""
+    if state_dim > arch.max_state_dim:
+        raise ValueError(f"the env's state has {state_dim} values, more than the {arch.max_state_dim} the checkpoint "
+                         f"{path} takes (config.json max_state_dim): choose an env obs_mode or robot with "
+                         "a shorter state")
+    if arch.state_dim and state_dim and state_dim != arch.state_dim:
+        print(f"[pi0] note: the checkpoint was trained on a {arch.state_dim}-value state and this env's has "
+              f"{state_dim}; both are zero-padded to {arch.max_state_dim}", flush=True)
+
+
 def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     """Policy builder ``(model_cfg, env_spec, device) -> Pi0Policy`` (the family's ``builder``)."""
 
     from models.checkpoints import resolve_checkpoint
 
     from .modeling_pi0 import load_pi0
-    from .processing_pi0 import PREPROCESSOR_FILE, normalization_from_config, read_normalization
     from .tiny import make_tiny_pi0
 
     keys = [k for k in model_cfg.camera_keys if env_spec is None or k in env_spec.obs_shapes]
@@ -310,27 +336,13 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
     arch = model.arch
     if model_cfg.tiny_random_init:
         check_tiny_image_size(model_cfg.path, arch.image_size[0], model_cfg.tiny_image_size)
-    if model_cfg.normalization_stats:
-        normalization = normalization_from_config(model_cfg.normalization_stats, model_cfg.normalization_modes)
-        source = "model.normalization_stats"
-    else:
-        normalization = read_normalization(folder)
-        source = f"{folder}/{PREPROCESSOR_FILE}"
-        if normalization is None:
-            raise FileNotFoundError(f"{folder} holds no normalisation statistics ({PREPROCESSOR_FILE}): give "
-                                    "them as model.normalization_stats / model.normalization_modes")
+    normalization, source = _normalization(model_cfg, folder)
     executed = env_spec.num_action_chunks if env_spec else 1
     action_dim = env_spec.action_dim if env_spec else arch.action_dim
     state_dim = env_spec.obs_shapes["states"][0] if env_spec else arch.state_dim
     check_action_chunk(env_spec, "Pi0", chunk=arch.chunk_size, action_dim=arch.max_action_dim, exact=False,
                        source=f"its checkpoint's chunk of {arch.chunk_size} x {arch.max_action_dim}, padded")
-    if state_dim > arch.max_state_dim:
-        raise ValueError(f"the env's state has {state_dim} values, more than the {arch.max_state_dim} the checkpoint "
-                         f"{model_cfg.path} takes (config.json max_state_dim): choose an env obs_mode or robot with "
-                         "a shorter state")
-    if arch.state_dim and state_dim and state_dim != arch.state_dim:  # fine-tuning on another robot pads the same
-        print(f"[pi0] note: the checkpoint was trained on a {arch.state_dim}-value state and this env's has "
-              f"{state_dim}; both are zero-padded to {arch.max_state_dim}", flush=True)
+    _check_state_dim(state_dim, arch, model_cfg.path)
     if state_dim:
         normalization.check_dims(state_dim, action_dim, source)
     settings = ChainSettings(model_cfg.noise_method, model_cfg.num_steps or arch.num_inference_steps, executed,

@@ -54,13 +54,13 @@ def test_an_episode_cut_by_the_trajectory_end_is_refused_naming_the_sub_env():
     dones = DONES.clone()
     dones[:, 2] = False
     with pytest.raises(EpisodeCutError, match=r"sub-envs \[2\].*rollout.num_steps"):
-        group_relative_advantages(REWARDS, dones, group_size=2)
+        group_relative_advantages(REWARDS, dones, group_size=2, normalize_std=True)
 
 
 @pytest.mark.parametrize("size", [1, 3])
 def test_groups_must_have_two_members_and_divide_the_sub_envs(size):
     with pytest.raises(ValueError, match="group_size"):
-        group_relative_advantages(REWARDS, DONES, group_size=size)
+        group_relative_advantages(REWARDS, DONES, group_size=size, normalize_std=True)
 
 
 def test_the_asymmetric_clip_bounds_the_ratio_at_1_minus_low_and_1_plus_high():
@@ -71,7 +71,8 @@ def test_the_asymmetric_clip_bounds_the_ratio_at_1_minus_low_and_1_plus_high():
     logprobs = ratios.log().requires_grad_()
     zeros = torch.zeros(4)
     loss, metrics = decoupled_ppo_actor_loss(logprobs, zeros, zeros, advantages, clip_ratio_low=0.2,
-                                             clip_ratio_high=0.28, clip_ratio_c=None, loss_normalizer=1.0)
+                                             clip_ratio_high=0.28, clip_ratio_c=None, behave_weight_threshold=None,
+                                             loss_normalizer=1.0)
     # per sample: -A * clip(r): -1.2 (inside), -1.28 (clipped high), 0.9 (inside), 0.8 (clipped low)
     assert loss.item() == pytest.approx(-1.2 - 1.28 + 0.9 + 0.8)
     loss.backward()

@@ -49,7 +49,9 @@ def settings(**overrides):
     values = dict(epochs=2, minibatch_size=8, micro_batch_size=8, world_size=1, version=0, recompute_logprobs=True,
                   critic_warmup_left=0, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
                   behave_weight_threshold=None, value_clip=None, huber_delta=10.0, value_loss_coef=0.5,
-                  entropy_coef=0.0, normalize_advantages=True, target_kl=None, max_grad_norm=0.5)
+                  entropy_coef=0.0, normalize_advantages=True, target_kl=None, max_grad_norm=0.5,
+                  recompute_fresh_logprobs=True, policy_lr=0.0, policy_lr_warmup_steps=0, policy_steps_before=0,
+                  policy_lr_factor=1.0, train_critic=True, demo_loss_coef=0.0, frozen_prefixes=())
     values.update(overrides)
     return UpdateSettings(**values)
 
@@ -87,6 +89,41 @@ def test_nonfinite_step_is_skipped_and_counted():
     metrics = run_update(policy, data)
     assert metrics["train/actor/nonfinite_skipped"] == 8.0 and metrics["train/actor/epochs"] == 2.0
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+class ShiftedPolicy(nn.Module):
+    """Whatever its weight, a sample's log-prob in train mode lies its first state entry above the
+    eval-mode (proximal) one, 0: its proximal KL stays fixed through the update."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(()))
+
+    def evaluate(self, forward_inputs, actions):
+        shift = forward_inputs["states"][:, 0] if self.training else torch.zeros(len(actions))
+        return self.weight * 0.0 + shift, torch.zeros(len(actions)), self.weight * 0.0 + torch.zeros(len(actions))
+
+
+def test_target_kl_reads_the_mean_kl_per_trained_decision_of_the_epoch():
+    """One trained decision (KL e - 2 = 0.72) among 8, micro-batches of 2: the epoch's KL is 0.72 per
+    decision and stops the update at target 0.5 after one epoch; a mean over micro-batches (three
+    of the four hold no trained decision) would read 0.18 and run all three."""
+    data = batch()
+    data.forward_inputs["states"][:, 0] = 3.0  # masked rows: a large KL that must not count
+    data.forward_inputs["states"][0, 0] = 1.0
+    data.loss_mask = torch.arange(N) == 0
+    data.behaviour_logprobs = torch.zeros(N)
+    data = data.rows(torch.arange(8))
+    policy = ShiftedPolicy()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    metrics = ppo_update(policy, optimizer, data, settings(epochs=3, minibatch_size=8, micro_batch_size=2,
+                                                           target_kl=0.5, train_critic=False),
+                         lambda t: t, torch.Generator().manual_seed(0))
+    assert metrics["train/actor/epochs"] == 1.0 and metrics["train/actor/optimizer_steps"] == 1.0
+    metrics = ppo_update(policy, optimizer, data, settings(epochs=3, minibatch_size=8, micro_batch_size=2,
+                                                           target_kl=0.8, train_critic=False),
+                         lambda t: t, torch.Generator().manual_seed(0))
+    assert metrics["train/actor/epochs"] == 3.0
 
 
 def test_log_std_is_clamped():

@@ -12,6 +12,11 @@ def t(x, **kw):
     return torch.tensor(x, dtype=torch.float32, **kw)
 
 
+# the settings the hand-worked values below assume (the loss has no defaults of its own)
+SETTINGS = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, behave_weight_threshold=None)
+VALUE_SETTINGS = dict(value_clip=None, huber_delta=10.0)
+
+
 def logp_for_ratios(ratios):
     """Current log-probs giving ratio r against proximal = behaviour = 0."""
     return torch.log(t(ratios)).requires_grad_(True)
@@ -20,7 +25,7 @@ def logp_for_ratios(ratios):
 def actor_loss(ratios, adv, **kw):
     logp = logp_for_ratios(ratios)
     zeros = torch.zeros(len(ratios))
-    loss, metrics = decoupled_ppo_actor_loss(logp, zeros, zeros, t(adv), **kw)
+    loss, metrics = decoupled_ppo_actor_loss(logp, zeros, zeros, t(adv), **{**SETTINGS, **kw})
     loss.backward()
     return loss, metrics, logp.grad
 
@@ -86,12 +91,6 @@ def test_dual_clip_ignores_positive_advantages():
     assert m["train/actor/dual_clip_fraction"] == 0.0
 
 
-@pytest.mark.parametrize("c", [1.0, 0.5])
-def test_dual_clip_constant_must_exceed_one(c):
-    with pytest.raises(ValueError):
-        actor_loss([1.0], [1.0], clip_ratio_c=c)
-
-
 def test_behaviour_weight_and_mask():
     # r = 1 everywhere (logp = proximal). w = pi_p / pi_b = [2, 0.5, 4], A = [1, 1, -2]
     # loss_i = -A = [-1, -1, 2] ; w * loss_i = [-2, -0.5, 8]
@@ -104,13 +103,13 @@ def test_behaviour_weight_and_mask():
     adv = t([1.0, 1.0, -2.0])
 
     logp = torch.zeros(3, requires_grad=True)
-    loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv)
+    loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv, **SETTINGS)
     assert loss.item() == pytest.approx(5.5 / 3)
     assert m["train/actor/behav_clip_fraction"] == 0.0
     assert m["train/actor/behav_approx_kl"] == pytest.approx(0.7045685, abs=1e-6)
 
     logp = torch.zeros(3, requires_grad=True)
-    loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv, behave_weight_threshold=3.0)
+    loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv, **{**SETTINGS, "behave_weight_threshold": 3.0})
     loss.backward()
     assert loss.item() == pytest.approx(-1.25)
     assert m["train/actor/behav_clip_fraction"] == pytest.approx(1 / 3)
@@ -153,15 +152,15 @@ def test_value_loss_huber_branches():
     # delta=1: e=-1 -> 0.5*1 = 0.5 (quadratic) ; e=3 -> 1*(3 - 0.5) = 2.5 (linear) ; mean 1.5
     # grads: quadratic (v-R)/N = -0.5 ; linear delta*sign(e)/N = 0.5
     values = t([1.0, 3.0], requires_grad=True)
-    loss, m = value_loss(values, t([0.0, 0.0]), t([2.0, 0.0]), huber_delta=1.0)
+    loss, m = value_loss(values, t([0.0, 0.0]), t([2.0, 0.0]), value_clip=None, huber_delta=1.0)
     loss.backward()
     assert loss.item() == pytest.approx(1.5)
     assert m["train/critic/value_loss"] == pytest.approx(1.5)
     assert m["train/critic/value_clip_fraction"] == 0.0
     torch.testing.assert_close(values.grad, t([-0.5, 0.5]))
 
-    # default delta=10: both quadratic -> (0.5 + 4.5) / 2 = 2.5
-    loss, _ = value_loss(t([1.0, 3.0]), t([0.0, 0.0]), t([2.0, 0.0]))
+    # delta=10: both quadratic -> (0.5 + 4.5) / 2 = 2.5
+    loss, _ = value_loss(t([1.0, 3.0]), t([0.0, 0.0]), t([2.0, 0.0]), **VALUE_SETTINGS)
     assert loss.item() == pytest.approx(2.5)
 
 
@@ -172,7 +171,7 @@ def test_value_loss_clipped():
     # mean = 2.8125, clip fraction 0.5
     values = t([1.0, 3.0], requires_grad=True)
     old = t([0.0, 0.0], requires_grad=True)
-    loss, m = value_loss(values, old, t([2.0, 0.0]), value_clip=0.5)
+    loss, m = value_loss(values, old, t([2.0, 0.0]), **{**VALUE_SETTINGS, "value_clip": 0.5})
     loss.backward()
     assert loss.item() == pytest.approx(2.8125)
     assert m["train/critic/value_clip_fraction"] == pytest.approx(0.5)
@@ -183,9 +182,9 @@ def test_value_loss_clipped():
 def test_value_loss_mask():
     # Only sample 1 counts: 0.5*3^2 = 4.5 ; with normaliser 3: 1.5
     mask = torch.tensor([False, True])
-    loss, _ = value_loss(t([1.0, 3.0]), t([0.0, 0.0]), t([2.0, 0.0]), loss_mask=mask)
+    loss, _ = value_loss(t([1.0, 3.0]), t([0.0, 0.0]), t([2.0, 0.0]), loss_mask=mask, **VALUE_SETTINGS)
     assert loss.item() == pytest.approx(4.5)
     loss, _ = value_loss(
-        t([1.0, 3.0]), t([0.0, 0.0]), t([2.0, 0.0]), loss_mask=mask, loss_normalizer=3.0
+        t([1.0, 3.0]), t([0.0, 0.0]), t([2.0, 0.0]), loss_mask=mask, loss_normalizer=3.0, **VALUE_SETTINGS
     )
     assert loss.item() == pytest.approx(1.5)

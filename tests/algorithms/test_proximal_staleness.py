@@ -41,4 +41,4 @@ def test_staleness_and_the_version_gate():
     assert gate.capacity == 4  # two updates' worth may be unacknowledged
     assert gate.may_start(started=7, acknowledged=4) and not gate.may_start(started=8, acknowledged=4)
     assert gate.fresh_needed == 1  # 0.5 x 2, not 2 after float error
-    assert VersionGate(3, 0, 1.0).fresh_needed == 3 and VersionGate(3, 0).capacity == 3
+    assert VersionGate(3, 0, 1.0).fresh_needed == 3 and VersionGate(3, 0, 0.0).capacity == 3

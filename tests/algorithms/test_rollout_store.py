@@ -3,9 +3,10 @@
 import itertools
 
 import pytest
+import torch
 
 from embodied_async.algorithms.rollout_store import RolloutStore
-from embodied_async.algorithms.version_gate import VersionGate
+from embodied_async.algorithms.version_gate import VersionGate, mean_staleness, staleness
 
 P = "train/rollout_store/"
 
@@ -16,7 +17,7 @@ def fill(store, stream, versions):
 
 
 def test_default_store_takes_one_trajectory_per_stream_in_order():
-    store = RolloutStore([(0, 0), (0, 1)], VersionGate(1, 1))
+    store = RolloutStore([(0, 0), (0, 1)], VersionGate(1, 1, 0.0))
     assert store.stream_to_wait_for(0) == (0, 0)
     fill(store, (0, 0), [0])
     assert store.stream_to_wait_for(0) == (0, 1)
@@ -29,7 +30,7 @@ def test_default_store_takes_one_trajectory_per_stream_in_order():
 
 
 def test_stale_trajectories_are_dropped_and_acknowledged():
-    store = RolloutStore(["s"], VersionGate(2, 1))
+    store = RolloutStore(["s"], VersionGate(2, 1, 0.0))
     fill(store, "s", [3, 4, 5, 5])
     assert store.stream_to_wait_for(5) is None  # v3 (lag 2) dropped; v4, v5 remain
     assert store.take(5) == ["s:1@v4", "s:2@v5"]
@@ -63,13 +64,29 @@ def test_ratio_one_needs_every_trajectory_fresh():
     assert store.take(2) == ["s:1@v2", "s:2@v2"]
 
 
-@pytest.mark.parametrize("bad", [dict(size_per_stream=0), dict(staleness_threshold=-1),
-                                 dict(on_policy_min_ratio=1.5), dict(on_policy_min_ratio=-0.1)])
-def test_bad_settings_are_rejected(bad):
-    settings = dict(size_per_stream=1, staleness_threshold=0, on_policy_min_ratio=0.0)
-    settings.update(bad)
-    with pytest.raises(ValueError):
-        VersionGate(**settings)
+def test_the_actor_staleness_metric_is_the_gates_lag_averaged_over_the_trained_trajectories():
+    """``train/actor/staleness`` (``mean_staleness``) is the lag the gate judged each trajectory by
+    (actor version - its oldest step's version), as the store recorded it: not the lag per step."""
+    gate = VersionGate(2, 2, 0.0)
+    store = RolloutStore(["a", "b"], gate)
+    trajectories = {"a": [torch.tensor([[0, 0], [1, 1]]),  # lag 3 at version 3: dropped
+                          torch.tensor([[1, 1], [2, 2]]),  # lag 2 (its steps' mean lag is 1.5)
+                          torch.tensor([[3, 3], [3, 3]])],  # lag 0
+                    "b": [torch.tensor([[2, 2], [3, 3]]),  # lag 1 (steps' mean 0.5)
+                          torch.tensor([[3, 3], [3, 3]])]}  # lag 0
+    for stream, versions in trajectories.items():
+        for v in versions:
+            store.add(stream, v, int(v.min()))  # as the actor adds a shard: its oldest step's version
+    batch = store.take(3)
+    assert [staleness(v, 3) for v in batch] == [2, 0, 1, 0]
+    assert all(gate.accepts(3, int(v.min())) for v in batch)
+    metrics = store.pop_metrics()
+    recorded = sum(lag * metrics[P + f"trajectories_lag_{lag}"] for lag in range(3)) / len(batch)
+    assert mean_staleness(batch, 3) == recorded == 0.75
+    assert metrics[P + "dropped_trajectories"] == 1 and metrics[P + "max_lag"] == 2
+    per_step = float(3 - torch.cat([v.flatten() for v in batch]).float().mean())
+    assert per_step == 0.5  # what the metric measured before: the steps' lag, not the gate's
+    assert mean_staleness([], 3) == 0.0
 
 
 def simulate(size, threshold, ratio, num_streams=1, updates=40, weight_delay=0):

@@ -11,13 +11,15 @@ from embodied_async.algorithms.ppo_loss import decoupled_ppo_actor_loss
 from embodied_async.algorithms.proximal import interpolate_proximal_logprobs
 from models.common import GaussianHead
 
+# the PPO clip alone (clip 0.2, no dual clip, no behaviour-weight mask)
+CLIP_ONLY = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=None, behave_weight_threshold=None)
+
 
 def test_each_dimension_is_clipped_on_its_own_and_the_loss_is_their_mean():
     # one decision, advantage +1, two dimensions whose ratios moved to 1.5 and 1.0 (clip 0.2)
     current = torch.tensor([[math.log(1.5), 0.0]], requires_grad=True)
     anchor = torch.zeros(1, 2)
-    loss, metrics = decoupled_ppo_actor_loss(current, anchor, anchor, torch.tensor([1.0]), clip_ratio_low=0.2,
-                                             clip_ratio_high=0.2)
+    loss, metrics = decoupled_ppo_actor_loss(current, anchor, anchor, torch.tensor([1.0]), **CLIP_ONLY)
     assert math.isclose(float(loss), -(1.2 + 1.0) / 2, rel_tol=1e-6)
     assert metrics["train/actor/clip_fraction"] == 0.5
     loss.backward()
@@ -25,8 +27,7 @@ def test_each_dimension_is_clipped_on_its_own_and_the_loss_is_their_mean():
     torch.testing.assert_close(current.grad, torch.tensor([[0.0, -0.5]]))
     # one ratio for the decision (their product, 1.5) is clipped whole: no gradient at all
     summed = current.detach().sum(1).requires_grad_()
-    chunk_loss, _ = decoupled_ppo_actor_loss(summed, anchor.sum(1), anchor.sum(1), torch.tensor([1.0]),
-                                             clip_ratio_low=0.2, clip_ratio_high=0.2)
+    chunk_loss, _ = decoupled_ppo_actor_loss(summed, anchor.sum(1), anchor.sum(1), torch.tensor([1.0]), **CLIP_ONLY)
     chunk_loss.backward()
     assert math.isclose(float(chunk_loss), -1.2, rel_tol=1e-6) and float(summed.grad) == 0.0
 
@@ -37,7 +38,8 @@ def test_masks_advantages_and_normalisers_act_per_decision_and_the_kl_stays_per_
     advantages = torch.tensor([1.0, -2.0, 100.0])
     mask = torch.tensor([True, True, False])  # the third decision never counts
     loss, metrics = decoupled_ppo_actor_loss(current, behaviour, behaviour, advantages, mask, clip_ratio_low=0.2,
-                                             clip_ratio_high=0.28, clip_ratio_c=None, loss_normalizer=4.0)
+                                             clip_ratio_high=0.28, clip_ratio_c=None, behave_weight_threshold=None,
+                                             loss_normalizer=4.0)
     ratio = current[:2].exp()
     per_element = torch.max(-advantages[:2, None] * ratio,
                             -advantages[:2, None] * ratio.clamp(0.8, 1.28))

@@ -8,6 +8,7 @@ import time
 import pytest
 from conftest import REPO_ROOT, build_config
 
+from embodied_async.checkpoint_io import write_manifest
 from embodied_async.config import ConfigError, check
 from embodied_async.config.validate import to_train_config
 
@@ -109,7 +110,8 @@ BAD = [
     ("runner.eval_stop_once_below_target=true", "runner.eval_stop_once_below_target=true needs a target",
      "set runner.stop_at_eval_success"),
     ("runner.resume_dir=/no/such/folder", "runner.resume_dir='/no/such/folder' is not a folder", CHECKPOINT_HINT),
-    ("runner.resume_dir={tmp}", "is a folder but not a checkpoint (it holds no runner.json)", CHECKPOINT_HINT),
+    ("runner.resume_dir={tmp}", "is a folder but not a checkpoint (it holds no runner.json and manifest.json)",
+     CHECKPOINT_HINT),
     # evaluation videos
     (("runner.eval_video=true", "env.sim_backend=gpu"), "runner.eval_video=true needs env.sim_backend=cpu",
      "set runner.eval_video=false or env.sim_backend=cpu"),
@@ -170,6 +172,9 @@ def test_resume_dir_checkpoint_and_checkpoints_root(tmp_path):
     step.mkdir(parents=True)
     (step / "runner.json").write_text("{}")
     (root / "latest").write_text("global_step_4\n")
+    with pytest.raises(ConfigError, match="holds no runner.json and manifest.json"):  # never sealed
+        build_config(tmp_path, f"runner.resume_dir={step}")
+    write_manifest(str(step))
     assert build_config(tmp_path, f"runner.resume_dir={step}").runner.resume_dir == str(step)
     with pytest.raises(ConfigError, match="holds no runner.json") as err:
         build_config(tmp_path, f"runner.resume_dir={root}")
@@ -177,7 +182,7 @@ def test_resume_dir_checkpoint_and_checkpoints_root(tmp_path):
 
 
 def test_env_family_check_through_the_registry(tmp_path, monkeypatch):
-    import envs.maniskill.maniskill_env
+    import envs.maniskill.tasks
     from embodied_async.registry import family_config
     from envs.maniskill import ManiSkillConfig
 
@@ -191,7 +196,7 @@ def test_env_family_check_through_the_registry(tmp_path, monkeypatch):
         raise FileNotFoundError(f"ManiSkill task '{task_id}' needs assets that are not downloaded")
 
     # missing assets are the env worker's to report (with the download command), not a config error
-    monkeypatch.setattr(envs.maniskill.maniskill_env, "check_task_assets", assets_missing)
+    monkeypatch.setattr(envs.maniskill.tasks, "check_task_assets", assets_missing)
     assert build_config(tmp_path).env.task_id == "PushCube-v1"
 
 
@@ -307,10 +312,22 @@ def test_supervised_and_init_from_settings_are_checked_at_start_up(make_config, 
                       "actor.micro_batch_size=7")
     assert cfg.runner.mode == "sft"  # a supervised batch need not divide a rollout batch
     # a key only the PPO mode reads is refused in a supervised run, naming the key and the mode
-    for override in ("runner.stop_at_eval_success=0.9", "runner.eval_pauses_training=true",
-                     "actor.policy_lr_schedule=cosine", "actor.frozen_parameter_prefixes=[actor.]"):
-        with pytest.raises(ConfigError, match=rf"{override.split('=')[0]}=.* with runner.mode=sft: only the PPO mode"):
+    for override in ("runner.stop_at_eval_success=0.9", "runner.eval_pauses_training=true", "runner.max_env_steps=9",
+                     "actor.policy_lr_schedule=cosine", "actor.frozen_parameter_prefixes=[actor.]",
+                     "algorithm.adv_type=grpo", "rollout.num_steps=7"):
+        key = override.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"{key}=.* with runner.mode=sft: only runner.mode=ppo reads it"):
             make_config("runner.mode=sft", f"dataset.root={tmp_path}", override)
+
+
+def test_a_key_only_the_supervised_mode_reads_is_refused_in_a_ppo_run(make_config):
+    for override in ("sft.lr_schedule=constant", "sft.validation_batches=3", "dataset.validation_fraction=0.2"):
+        key = override.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"{key}=.* with runner.mode=ppo: only runner.mode=sft reads it, and "
+                                              r"this run would ignore it; remove it \(its default is"):
+            make_config(override)
+    # the demonstrations themselves are read by the PPO loss's demonstration term too
+    assert make_config("dataset.root=demos").dataset.root == "demos"
 
 
 def test_group_relative_and_demonstration_settings_are_checked_at_start_up(make_config, tmp_path):

@@ -139,5 +139,25 @@ def test_bad_syntax_names_the_entry():
         parse_placement({}, num_devices=1)
 
 
-def test_detect_num_gpus_is_an_int():
-    assert detect_num_gpus() >= 0
+@pytest.mark.parametrize("count", [0, 1, 4])
+def test_detect_num_gpus_returns_the_visible_count_as_an_int(monkeypatch, count):
+    import numpy as np
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: np.int64(count))  # a count that is not an int
+    detected = detect_num_gpus()
+    assert detected == count and type(detected) is int
+
+
+def test_detect_num_gpus_is_0_without_a_working_torch(monkeypatch):
+    import sys
+
+    import torch
+
+    def broken_driver():
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setattr(torch.cuda, "device_count", broken_driver)
+    assert detect_num_gpus() == 0
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert detect_num_gpus() == 0

@@ -28,7 +28,7 @@ def test_the_miniature_recipes_of_a_family_build_the_same_model():
     """model.init_from takes the SFT checkpoint into the RL run only when both build one shape."""
     register_schema()
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
-        for family in ("openvla", "openpi"):
+        for family in ("openvla", "pi0"):
             sft, rl = (resolve(compose(config_name=f"maniskill_miniature_{phase}_{family}"))[0]
                        for phase in ("sft", "ppo"))
             # what decides the weights' names and shapes (sampling settings may differ)

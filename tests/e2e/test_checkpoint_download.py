@@ -14,7 +14,7 @@ ENTRY = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 
 
 @pytest.mark.parametrize("recipe,repo", [("maniskill_async_ppo_openvla_tiny", "someone/no-such-openvla"),
-                                         ("maniskill_async_ppo_openpi_tiny", "someone/no-such-pi0")])
+                                         ("maniskill_async_ppo_pi0_tiny", "someone/no-such-pi0")])
 def test_missing_hub_checkpoint_is_one_clean_message_before_workers(tmp_path, recipe, repo):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))  # no network, empty cache
     proc = subprocess.run([sys.executable, ENTRY, "--config-name", recipe, f"model.path={repo}",

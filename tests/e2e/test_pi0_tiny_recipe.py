@@ -19,10 +19,10 @@ LEVERS = ("model.initial_noise_scale=0", "algorithm.logprob_type=token_level",
 @pytest.mark.slow
 @pytest.mark.parametrize("levers", [(), LEVERS], ids=["defaults", "levers"])
 def test_tiny_pi0_recipes_sft_then_two_async_updates_from_its_checkpoint(tmp_path, levers):
-    checkpoint, sft_records = run_tiny_sft("openpi", tmp_path)
+    checkpoint, sft_records = run_tiny_sft("pi0", tmp_path)
     assert "train/sft/flow_loss" in sft_records[-1]
     log_path = tmp_path / "run"
-    _, records = run_recipe("maniskill_async_ppo_openpi_tiny", log_path, f"model.init_from={checkpoint}", *levers)
+    _, records = run_recipe("maniskill_async_ppo_pi0_tiny", log_path, f"model.init_from={checkpoint}", *levers)
     # the checkpoint was made in LeRobot's format at model.path and loaded back by path
     assert {"config.json", "model.safetensors", "policy_preprocessor.json", "meta.json"} <= set(
         os.listdir(log_path / "tiny_pi0"))

@@ -1,0 +1,167 @@
+"""A run's config composed from what a user names: a recipe (``configs/<name>.yaml``), a run's
+checkpoint (the run's saved config), or a model (a folder or hub id, under its family's recipe),
+with ``key=value`` overrides on top (``env=<yaml>`` / ``model=<yaml>`` pick a group's file).
+
+The launcher composes through Hydra itself; every script composes here, and asks a family's config
+class what it needs to know of the family (``ModelConfig.default_recipe`` / ``recognizes``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Sequence, Tuple
+
+from embodied_async.config.checks import ConfigError
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+GROUPS = ("env", "model")
+
+
+def recipe_names() -> list:
+    names = (name[:-5] for name in os.listdir(CONFIG_DIR) if name.endswith(".yaml"))
+    return sorted(name for name in names if name != "train_schema")
+
+
+def group_names(group: str) -> list:
+    return sorted(name[:-5] for name in os.listdir(os.path.join(CONFIG_DIR, group)) if name.endswith(".yaml"))
+
+
+def check_recipe_name(recipe: str) -> None:
+    """ConfigError naming the new name of a renamed recipe (``ModelConfig.renamed_recipe_parts``:
+    recipes are named by the family they train), or the recipes there are."""
+    from embodied_async.registry import families
+
+    if os.path.isfile(os.path.join(CONFIG_DIR, f"{recipe}.yaml")):
+        return
+    renamed_parts = {old: new for cls in families("model").values() for old, new in cls.renamed_recipe_parts.items()}
+    for old, new in renamed_parts.items():
+        renamed = recipe.replace(old, new)
+        if old in recipe and os.path.isfile(os.path.join(CONFIG_DIR, f"{renamed}.yaml")):
+            raise ConfigError(f"the recipe {recipe!r} is now {renamed!r} (recipes are named by the family they "
+                              f"train): use {renamed}")
+    raise ConfigError(f"no recipe {recipe!r} (configs/{recipe}.yaml); the recipes: {', '.join(recipe_names())}")
+
+
+def compose_recipe(recipe: str, overrides: Sequence[str] = ()):
+    """``configs/<recipe>.yaml`` composed by Hydra with ``overrides`` (a ``DictConfig``, not yet
+    validated); ConfigError naming the recipe when it is missing or does not compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from embodied_async.config.hydra_schema import register_schema
+
+    check_recipe_name(recipe)
+    register_schema()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        try:
+            return compose(config_name=recipe, overrides=list(overrides))
+        except (HydraException, OmegaConfBaseException) as err:
+            raise ConfigError(f"{recipe} with {list(overrides)}: {err}") from None
+
+
+def resolve_recipe(recipe: str, overrides: Sequence[str] = ()):
+    """``compose_recipe`` then validation: ``(TrainConfig, Topology)``."""
+    from embodied_async.config.validate import resolve
+
+    return resolve(compose_recipe(recipe, overrides))
+
+
+def apply_overrides(raw, overrides: Sequence[str]):
+    """A composed config (e.g. a run's saved one) + ``key=value`` overrides, with ``env=<yaml>`` /
+    ``model=<yaml>`` replacing that section by the group's file as Hydra would compose it. A new
+    env keeps the policy's ``num_action_chunks`` (the policy was trained to execute chunks of it)."""
+    from omegaconf import OmegaConf
+
+    plain, groups = [], {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key in GROUPS:
+            groups[key] = value
+        else:
+            plain.append(item)
+    for group, name in groups.items():
+        path = os.path.join(CONFIG_DIR, group, f"{name}.yaml")
+        if not os.path.isfile(path):
+            raise ConfigError(f"{group}={name}: no configs/{group}/{name}.yaml; the choices: "
+                              f"{', '.join(group_names(group))}")
+        section = OmegaConf.load(path)
+        family = _schema_family(section.pop("defaults", []))
+        kept = {"num_action_chunks": raw.env.get("num_action_chunks", 1)} if group == "env" else {}
+        raw[group] = OmegaConf.merge({"name": family}, kept, section)
+    return OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
+
+
+def _schema_family(defaults) -> str:
+    """The family a group file types itself by (its ``<family>_schema`` default)."""
+    return next(str(d)[: -len("_schema")] for d in defaults if str(d).endswith("_schema"))
+
+
+def checkpoint_config(checkpoint: str, overrides: Sequence[str] = ()):
+    """The composed config of the run that wrote ``checkpoint``, with ``overrides`` on top."""
+    from embodied_async.checkpoint_io import CheckpointError
+    from embodied_async.run_folder import load_run_config
+
+    try:
+        raw = load_run_config(checkpoint)
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from None
+    return apply_overrides(raw, overrides) if overrides else raw
+
+
+def model_family(target: str) -> str:
+    """The policy family a model folder or hub id holds, as the families' config classes recognise
+    it (``ModelConfig.recognizes``); ConfigError when none or several do."""
+    from embodied_async.registry import families
+
+    path = os.path.join(target, "config.json")
+    config = None
+    if os.path.isfile(path):
+        with open(path) as f:
+            config = json.load(f)
+    claimed = [name for name, cls in families("model").items() if cls.recognizes(target, config)]
+    if len(claimed) != 1:
+        raise ConfigError(f"{target}: cannot tell which policy family it holds ({'none' if not claimed else claimed} "
+                          "recognises it); pass the recipe to evaluate it under")
+    return claimed[0]
+
+
+def model_config(target: str, recipe: Optional[str], overrides: Sequence[str] = ()):
+    """A model (folder or hub id) under ``recipe`` (by default its family's ``default_recipe``)."""
+    from embodied_async.registry import family_config
+
+    if recipe is None:
+        family = model_family(target)
+        recipe = family_config("model", family).default_recipe
+        if recipe is None:
+            raise ConfigError(f"{target}: the '{family}' policy family names no default recipe; pass one")
+    return compose_recipe(recipe, [f"model.path={target}", "model.tiny_random_init=false", *overrides])
+
+
+def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[str] = None
+                  ) -> Tuple[object, Optional[str]]:
+    """What a script is pointed at, as ``(composed config, checkpoint or None)``: a run's checkpoint
+    (its run's config), or a model under ``recipe``."""
+    from embodied_async.run_folder import is_checkpoint
+
+    if is_checkpoint(target):
+        return checkpoint_config(target, overrides), target
+    return model_config(target, recipe, overrides), None
+
+
+def env_config(target: str, overrides: Sequence[str], default_recipe: str):
+    """The validated env config of an env yaml (``configs/env/<target>.yaml``, composed into
+    ``default_recipe``) or of a recipe, composed for this machine's CPU."""
+    from embodied_async.config.validate import to_train_config
+
+    if os.path.isfile(os.path.join(CONFIG_DIR, "env", f"{target}.yaml")):
+        recipe, overrides = default_recipe, [f"env={target}", *overrides]
+    elif os.path.isfile(os.path.join(CONFIG_DIR, f"{target}.yaml")):
+        recipe = target
+    else:
+        raise ConfigError(f"{target!r} is neither an env yaml of configs/env/ ({', '.join(group_names('env'))}) nor "
+                          "a recipe of configs/: fix the name")
+    raw = compose_recipe(recipe, overrides)
+    raw.cluster.device_type = "cpu"  # only the env section is used, on this machine
+    return to_train_config(raw).env

@@ -1,0 +1,243 @@
+"""The run folder, known here alone: where a run's checkpoints lie, how one is written, pruned and
+found again, what makes a folder a checkpoint, which policy it holds, its weights, and the run's
+composed config. The runner, the trainer ranks, the config checks and every script go through it.
+
+    <runner.logger.log_path>/
+        .hydra/config.yaml       the run's composed config (Hydra writes it at launch)
+        metrics.jsonl, tensorboard/, videos/step_<N>/
+        checkpoints/
+            latest               the name of the newest checkpoint, replaced atomically
+            global_step_<N>/     one checkpoint (written as global_step_<N>.tmp, then renamed):
+                runner.json      the runner's counters: step, version, env steps, clocks
+                model.*, optimizer.*, actor_state.*   trees of ``checkpoint_io`` (JSON + safetensors)
+                model_info.json  the policy family, the base checkpoint, "trainable" or "full" contents
+                manifest.json    size and sha256 of every file, written last: it seals the folder
+
+Nothing here unpickles: a checkpoint is JSON and safetensors only, verified against its manifest
+before anything in it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Callable, Dict, List, Optional, Sequence
+
+from embodied_async.checkpoint_io import MANIFEST, CheckpointError, assert_no_pickle, verify_checkpoint, write_manifest
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+RUNNER_STATE = "runner.json"
+MODEL_INFO = "model_info.json"
+MODEL_TREE = "model"  # the policy's weights: model.json + model.safetensors
+RUN_CONFIG = os.path.join(".hydra", "config.yaml")
+STEP_FOLDER = re.compile(r"global_step_(\d+)")
+EXAMPLE = "logs/<run>/checkpoints/global_step_<N>"
+
+
+def checkpoints_root(log_path: str) -> str:
+    return os.path.join(log_path, CHECKPOINTS)
+
+
+def step_folder(root: str, step: int) -> str:
+    return os.path.join(root, f"global_step_{step}")
+
+
+def is_checkpoint(folder: str) -> bool:
+    """A checkpoint a run wrote and finished: the runner's counters and the sealing manifest
+    (whether its files are whole is ``verify``'s question)."""
+    return all(os.path.isfile(os.path.join(folder, name)) for name in (RUNNER_STATE, MANIFEST))
+
+
+def not_a_checkpoint(folder: str, key: str) -> Optional[str]:
+    """Why ``folder`` (given as ``key``) is not a checkpoint, naming the fix; None when it is one."""
+    if not os.path.isdir(folder):
+        return f"{key}={folder!r} is not a folder; point it at a checkpoint folder such as {EXAMPLE}"
+    if is_checkpoint(folder):
+        return None
+    hint = ""
+    for root, what in ((folder, "a checkpoints root"), (checkpoints_root(folder), "a run's log folder")):
+        newest = latest_checkpoint(root)
+        if newest:
+            hint = f" (this looks like {what}: its newest checkpoint is {newest!r})"
+            break
+    return (f"{key}={folder!r} is a folder but not a checkpoint (it holds no {RUNNER_STATE} and {MANIFEST})"
+            f"{hint}; point it at one checkpoint folder such as {EXAMPLE}")
+
+
+def latest_checkpoint(root: str) -> Optional[str]:
+    """The checkpoint the ``latest`` pointer of a checkpoints root names, or None (no pointer, or it
+    names no finished checkpoint)."""
+    try:
+        with open(os.path.join(root, LATEST)) as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    path = os.path.join(root, name)
+    return path if STEP_FOLDER.fullmatch(name) and is_checkpoint(path) else None
+
+
+def log_folder(checkpoint: str) -> str:
+    """The run's log folder a checkpoint lies in (``<log>/checkpoints/global_step_<N>``)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
+
+
+def run_config_path(checkpoint: str) -> str:
+    return os.path.join(log_folder(checkpoint), RUN_CONFIG)
+
+
+def log_config(log_path: str) -> Dict:
+    """A run's composed config as plain data, from its log folder ({} when it has none)."""
+    from omegaconf import OmegaConf
+
+    path = os.path.join(log_path, RUN_CONFIG)
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False) if os.path.isfile(path) else {}
+
+
+def load_run_config(checkpoint: str):
+    """The composed config (an OmegaConf ``DictConfig``, not yet validated) of the run that wrote
+    ``checkpoint``; CheckpointError when it is missing."""
+    from omegaconf import OmegaConf
+
+    path = run_config_path(checkpoint)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{checkpoint} is a checkpoint, but its run's config {path} is missing: pass the "
+                              "recipe it was trained with and its overrides instead")
+    return OmegaConf.load(path)
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+def write_checkpoint(root: str, step: int, write_contents: Callable[[str], int], state: Dict) -> str:
+    """Write ``root/global_step_<step>``; a crash at any point leaves every earlier checkpoint whole.
+
+    ``write_contents(folder)`` writes the trainer's files and returns the version they hold (the
+    truth: an update the runner had not counted yet is in them); ``state`` holds the runner's
+    counters. Everything goes to a temporary folder first, sealed by the manifest; a folder of the
+    same step is moved aside before the rename and deleted only after it; then ``latest`` names it.
+    """
+    final = step_folder(root, step)
+    tmp, old = final + ".tmp", final + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    version = write_contents(tmp)
+    state = dict(state, version=version, step=max(state["step"], version))
+    with open(os.path.join(tmp, RUNNER_STATE), "w") as f:
+        json.dump(state, f)
+    write_manifest(tmp)
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    with open(os.path.join(root, LATEST + ".tmp"), "w") as f:
+        f.write(os.path.basename(final) + "\n")
+    os.replace(os.path.join(root, LATEST + ".tmp"), os.path.join(root, LATEST))
+    return final
+
+
+def write_model_info(folder: str, model_cfg, full: bool) -> None:
+    """Which policy a checkpoint holds: its family, the base checkpoint its weights apply to, and
+    whether it holds every weight (``full``) or the trainable ones only."""
+    with open(os.path.join(folder, MODEL_INFO), "w") as f:
+        json.dump({"family": model_cfg.name, "base": getattr(model_cfg, "path", None),
+                   "contents": "full" if full else "trainable"}, f, indent=1)
+
+
+def prune_checkpoints(root: str, keep: Optional[int], current_step: int, protect: Sequence[Optional[str]] = ()
+                      ) -> List[str]:
+    """Delete the oldest ``global_step_<N>`` folders with ``N <= current_step`` until ``keep`` of
+    those remain (None: keep all). Folders of later steps (left by an earlier run that went
+    further before this one resumed from an older checkpoint) are neither counted nor deleted,
+    and neither is anything in ``protect`` (the checkpoint just written, the resume source)."""
+    if keep is None:
+        return []
+    steps = []
+    for name in os.listdir(root):
+        match = STEP_FOLDER.fullmatch(name)
+        if match and int(match.group(1)) <= current_step and os.path.isdir(os.path.join(root, name)):
+            steps.append((int(match.group(1)), os.path.join(root, name)))
+    steps.sort()
+    protected = {os.path.realpath(p) for p in protect if p}
+    deleted = []
+    for _, path in steps[:max(0, len(steps) - keep)]:
+        if os.path.realpath(path) not in protected:
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+    return deleted
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+def verify(folder: str, key: str) -> None:
+    """Every file of the checkpoint ``folder`` (given as ``key``) is JSON or safetensors and
+    matches its manifest; CheckpointError naming the key and the problem otherwise."""
+    try:
+        assert_no_pickle(folder)
+        verify_checkpoint(folder)
+    except CheckpointError as err:
+        raise CheckpointError(f"{key}={folder!r}: {err}") from None
+
+
+def model_info(folder: str) -> Dict:
+    """``model_info.json`` of a checkpoint: family, base, contents ({} when it has none)."""
+    path = os.path.join(folder, MODEL_INFO)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def checkpoint_family(folder: str) -> Optional[str]:
+    """The policy family a checkpoint of ours was written by (None when it does not say)."""
+    return model_info(folder).get("family")
+
+
+def read_runner_state(resume_dir: Optional[str]) -> Dict:
+    """The runner's counters from ``runner.resume_dir``, after checking every file of it is whole
+    (a fresh run's counters without one)."""
+    if not resume_dir:
+        return {"step": 0, "env_steps": 0, "version": 0}
+    verify(resume_dir, "runner.resume_dir")
+    with open(os.path.join(resume_dir, RUNNER_STATE)) as f:
+        return json.load(f)
+
+
+def check_resume_model(resume_dir: str, model_cfg) -> None:
+    """A checkpoint resumes only into the policy family it was written by; one holding only the
+    trainable weights (adapters, value head) names the base they were trained on, and a different
+    ``model.path`` is reported (the same base may live under another path, e.g. the tiny
+    recipe's, made afresh in each run's folder)."""
+    info = model_info(resume_dir)
+    if not info:
+        return
+    if info.get("family") != model_cfg.name:
+        raise CheckpointError(f"runner.resume_dir={resume_dir!r} holds a '{info.get('family')}' policy, but this run's "
+                              f"model.name is '{model_cfg.name}': resume it with the model config it was trained with")
+    base = getattr(model_cfg, "path", None)
+    if info.get("contents") == "trainable" and info.get("base") != base:
+        print(f"[runner] warning: {resume_dir} holds trainable weights for the base {info.get('base')!r}, and this "
+              f"run's model.path is {base!r}; they only fit the base they were trained on", flush=True)
+
+
+def check_init_from(folder: str, model_cfg) -> None:
+    """Start-up check of ``model.init_from`` (in the launcher, before any worker): a whole
+    checkpoint of ours, written by a policy of this family."""
+    family = checkpoint_family(folder)
+    if family is not None and family != model_cfg.name:
+        raise CheckpointError(f"model.init_from={folder!r} holds a '{family}' policy and this run's model.name is "
+                              f"'{model_cfg.name}': start from a checkpoint of the same family")
+    verify(folder, "model.init_from")
+
+
+def load_policy_weights(policy, folder: str) -> None:
+    """A checkpoint's policy weights (and observation statistics) into a built, unsharded
+    ``policy``, after verifying the folder; every trainable parameter must be in it."""
+    from embodied_async.checkpoint_io import load_tree
+    from embodied_async.workers.sharding import load_model_state
+
+    verify_checkpoint(folder)
+    trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
+    load_model_state(policy, load_tree(folder, MODEL_TREE), trainable)

@@ -1,0 +1,19 @@
+"""The runner: one step loop (``loop.Runner``) for every training mode. A mode (``MODES``, chosen
+by ``runner.mode``) builds its graph of workers and supplies its step (``graph.Mode``); the loop
+owns stopping, saving, evaluation, metrics and Ctrl-C. A new mode is a ``Mode`` subclass and a row
+of ``MODES`` (and its name in ``config.schema.RUNNER_MODES``)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from embodied_async.config import Topology, TrainConfig
+from embodied_async.runner.loop import Runner
+from embodied_async.runner.modes import MODES
+
+__all__ = ["MODES", "Runner", "run"]
+
+
+def run(cfg: TrainConfig, topology: Optional[Topology] = None) -> Dict[str, float]:
+    """Train as ``runner.mode`` says; saves the last completed step on a normal end and on Ctrl-C."""
+    return Runner(cfg, topology).run()

@@ -1,0 +1,277 @@
+"""The one step loop, for every training mode: it asks the mode (``runner.mode``, ``modes.MODES``)
+for its graph and its step, and owns what every run does around them: stopping (``max_steps``,
+``max_env_steps``, ``stop_at_eval_success``), checkpoints (through ``run_folder``), evaluations
+(beside training or paused), metrics and progress, and Ctrl-C. It owns no model math."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Dict, List, Optional
+
+from embodied_async import run_folder
+from embodied_async.config import Topology, TrainConfig, resolve_topology
+from embodied_async.evaluation import write_videos
+from embodied_async.metrics import MetricLogger, print_progress
+from embodied_async.private_files import make_log_folder
+from embodied_async.runner.graph import Graph
+from embodied_async.runner.modes import MODES
+from embodied_async.scheduler.worker_group import Pending, WorkerFailed, wait_all
+
+INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
+TOTALS = ("time/env", "time/rollout", "time/actor_training")  # summed over the run into its result
+
+
+@contextlib.contextmanager
+def deferred_sigint():
+    """Hold back Ctrl-C inside the block; a Ctrl-C that came meanwhile is raised right after it.
+
+    (Masking the signal would not do: any of Ray's threads may receive it, and Python still raises
+    it in the main thread. A handler that only records it does.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+class Runner:
+    """Drives one run. ``topology``: the one ``config.resolve`` returned with ``cfg`` (resolved
+    here when not given)."""
+
+    def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None):
+        self.cfg = cfg
+        self.topology = topology if topology is not None else resolve_topology(cfg)
+        self.mode = MODES[cfg.runner.mode](cfg, self.topology)
+        self.log_path = cfg.runner.logger.log_path
+        make_log_folder(self.log_path)
+        self.checkpoint_root = run_folder.checkpoints_root(self.log_path)
+        self.state = run_folder.read_runner_state(cfg.runner.resume_dir)
+        if cfg.runner.resume_dir:
+            run_folder.check_resume_model(cfg.runner.resume_dir, cfg.model)
+        if cfg.model.init_from:
+            run_folder.check_init_from(cfg.model.init_from, cfg.model)
+        self.graph: Optional[Graph] = None
+        self.worker_nodes: Dict[str, list] = {}  # component -> the Ray node of each worker (several nodes)
+        self.loops: List[Pending] = []
+        self.in_flight: List[Pending] = []
+        self.eval_in_flight: Optional[Pending] = None
+        self.eval_launched_at = 0  # the step an evaluation in flight was launched at (its videos' folder)
+        self.videos_to_log: list = []  # (launch step, videos) of finished evaluations, for TensorBoard
+        self.last_eval: Optional[float] = None
+        self.totals: Dict[str, float] = {}
+        # a resumed run's own checkpoint is already on disk: never rewrite it for nothing
+        self.last_saved_step: Optional[int] = self.state["step"] if cfg.runner.resume_dir else None
+        self.started = False
+
+    def log(self, message: str) -> None:
+        print(f"[{self.mode.name}] {message}", flush=True)
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def _start(self) -> None:
+        cfg = self.cfg
+        self.log(f"building workers (mode {cfg.runner.mode}, placement {dict(cfg.cluster.component_placement)}, "
+                 f"backend {cfg.cluster.backend})")
+        self.graph = graph = self.mode.build()
+        if cfg.cluster.backend == "ray" and cfg.cluster.num_nodes > 1:
+            # asked from inside each worker: where the processes really run
+            self.worker_nodes = {group.name: group.placed_nodes() for group in graph.groups.values()}
+            self.log("nodes: " + "; ".join(f"{name} on {[node[:8] for node in nodes]}"
+                                           for name, nodes in self.worker_nodes.items()))
+        if cfg.runner.resume_dir:
+            try:
+                versions = wait_all(graph.actor.call("load_checkpoint", cfg.runner.resume_dir))
+            except Exception as err:
+                raise RuntimeError(f"could not resume from runner.resume_dir={cfg.runner.resume_dir!r}: the "
+                                   "checkpoint must come from a run with the same model config. "
+                                   f"Loading failed with: {err}") from err
+            self.log(f"resumed from {cfg.runner.resume_dir}: step {self.state['step']}, version {versions[0]}")
+        self.loops = self.mode.start(graph)
+        self.started = True
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _train(self, logger: MetricLogger) -> None:
+        cfg = self.cfg
+        start_time, last_time = time.time(), time.time()
+        wall_offset = self.state.get("wall_time_s", 0.0)
+        paused_at_last = self.state.get("eval_paused_s", 0.0)
+        while self.state["step"] < cfg.runner.max_steps:
+            with deferred_sigint():  # Ctrl-C must not fall between submitting and recording the call
+                self.in_flight = self.graph.actor.call("train_step")
+            metrics = wait_all(self.in_flight, watch=self.loops)[0]
+            self.in_flight = []
+            self._count_finished_step(metrics)
+            now, paused_s = time.time(), self.state.get("eval_paused_s", 0.0)
+            # the interval's throughput leaves out a paused evaluation inside it
+            record = self.mode.step_record(self.graph, metrics, now - last_time - (paused_s - paused_at_last),
+                                           self.loops)
+            last_time, paused_at_last = now, paused_s
+            self.state["env_steps"] += int(record.get("env/env_steps", 0))
+            self.state["wall_time_s"] = wall_offset + now - start_time
+            record.update(step=self.state["step"], env_steps=self.state["env_steps"],
+                          wall_time_s=self.state["wall_time_s"], train_time_s=self.state["wall_time_s"] - paused_s)
+            for key in TOTALS:
+                if key in record:
+                    self.totals[key] = self.totals.get(key, 0.0) + record[key]
+            last = self._after_step(record)
+            self._log_step(logger, record)
+            if last:
+                break
+
+    def _after_step(self, record: Dict) -> bool:
+        """Evaluate, stop and save as the step that made ``record`` calls for; True to stop."""
+        cfg, step = self.cfg.runner, self.state["step"]
+        last = step >= cfg.max_steps or bool(cfg.max_env_steps and self.state["env_steps"] >= cfg.max_env_steps)
+        due = bool(cfg.val_check_interval) and (step % cfg.val_check_interval == 0 or last)
+        paused = cfg.eval_pauses_training
+        if due:
+            self.mode.on_evaluation_due(self.graph, record)
+        if paused and due:
+            if last:  # a failing evaluation must not lose the final state
+                self._save()
+            self._evaluate_paused(record)
+        self._take_eval(record, wait=last)  # at the end, let an older evaluation finish first
+        reached = not last and cfg.stop_at_eval_success is not None and "eval/success_rate" in record \
+            and self.last_eval >= cfg.stop_at_eval_success
+        if reached:  # this record keeps that evaluation: no final one of a later version
+            self.log(f"evaluation of version {int(record['eval/version'])} reached success rate {self.last_eval:.3f} "
+                     f">= runner.stop_at_eval_success={cfg.stop_at_eval_success}: stopping")
+            last = True
+        if (last or (cfg.save_interval and step % cfg.save_interval == 0)) and self.last_saved_step != step:
+            self._save()  # before the final evaluation, so a failing evaluation loses nothing
+        if due and not reached and not paused and self.graph.rollout is not None:
+            self._launch_eval()
+            if last:  # the last record carries the final policy's evaluation
+                self._take_eval(record, wait=True)
+                self.log(f"final eval at step {step}: success rate {self.last_eval:.3f}")
+        return last
+
+    def _log_step(self, logger: MetricLogger, record: Dict) -> None:
+        logger.log(record)
+        for launched_at, videos in self.videos_to_log:  # at the step whose policy they show
+            logger.log_videos(videos, launched_at, self.cfg.runner.eval_video_fps)
+        self.videos_to_log = []
+        print_progress(self.mode.progress_line(record, self.cfg.runner.max_steps, self.last_eval))
+
+    def _count_finished_step(self, metrics: Dict[str, float]) -> None:
+        """Count a finished train step (also one that finished after Ctrl-C), so a checkpoint says
+        what it holds."""
+        self.state["step"] += 1
+        self.state["version"] = self.mode.version_after_step(metrics, self.state["step"])
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def _launch_eval(self, pause_training: bool = False) -> None:
+        if self.eval_in_flight is None:
+            self.mode.before_evaluation(self.graph)
+            self.eval_launched_at = self.state["step"]
+            self.eval_in_flight = self.graph.rollout.call_rank(
+                0, self.mode.evaluate_method, self.cfg.runner.eval_episodes, self.cfg.runner.eval_num_envs,
+                pause_training, self.state["version"])
+
+    def _evaluate_paused(self, record: Dict) -> None:
+        """``runner.eval_pauses_training``: evaluate the version just trained while the graph stands
+        still (no update is asked for, the rollout acts for no env); its seconds are left out of
+        ``train_time_s``."""
+        start = time.time()
+        self._launch_eval(pause_training=True)
+        self._take_eval(record, wait=True)
+        self.state["eval_paused_s"] = self.state.get("eval_paused_s", 0.0) + time.time() - start
+
+    def _take_eval(self, record: Dict, wait: bool) -> None:
+        """Add a finished evaluation's results to ``record`` (waiting for it when ``wait``)."""
+        if self.eval_in_flight is None or not (wait or self.eval_in_flight.done()):
+            return
+        result = wait_all([self.eval_in_flight], watch=self.loops, timeout=600 if wait else None)[0]
+        self.eval_in_flight = None
+        videos = result.pop("videos", [])
+        if videos:
+            folder = os.path.join(self.log_path, "videos", f"step_{self.eval_launched_at}")
+            write_videos(videos, folder, self.cfg.runner.eval_video_fps)
+            self.log(f"{len(videos)} evaluation videos written to {folder}")
+            self.videos_to_log.append((self.eval_launched_at, videos))
+        record.update(result)
+        self.last_eval = result["eval/success_rate"]
+
+    # ---- checkpoints, Ctrl-C, shutdown -------------------------------------------------------
+    def _save(self) -> str:
+        def write_contents(folder: str) -> int:
+            return wait_all(self.graph.actor.call("save_checkpoint", folder), timeout=600)[0]
+
+        path = run_folder.write_checkpoint(self.checkpoint_root, self.state["step"], write_contents, self.state)
+        self.last_saved_step = self.state["step"]
+        self.log(f"checkpoint saved: {path}")
+        keep = self.cfg.runner.keep_checkpoints
+        protect = (path, self.cfg.runner.resume_dir)
+        for old in run_folder.prune_checkpoints(self.checkpoint_root, keep, self.state["step"], protect):
+            self.log(f"removed old checkpoint {old} (runner.keep_checkpoints={keep})")
+        return path
+
+    def _on_interrupt(self) -> None:
+        """Ctrl-C: let the step in flight finish (briefly), save, then stop everything."""
+        self.log("interrupted: finishing the step in flight and saving a checkpoint")
+        if not self.started:  # still starting (maybe loading the checkpoint we resume from): save nothing
+            self.log("interrupted during start-up: no new checkpoint written")
+            return
+        if self.in_flight:
+            try:
+                self._count_finished_step(wait_all(self.in_flight, watch=self.loops, timeout=INTERRUPT_GRACE_S)[0])
+            except (TimeoutError, WorkerFailed) as err:
+                # the trainer is mid-step: its state is not a consistent checkpoint
+                self.log(f"the step in flight did not finish ({err}); the last saved checkpoint "
+                         f"(step {self.last_saved_step}) stays as it was")
+                return
+        self._stop_loops()
+        if self.last_saved_step != self.state["step"]:
+            self._save()
+
+    def _stop_loops(self) -> None:
+        for group in self.graph.looping():
+            try:
+                wait_all(group.call("stop"), timeout=5)
+            except Exception:
+                pass
+
+    def _shutdown(self) -> None:
+        if self.graph is None:
+            return
+        self._stop_loops()
+        try:  # the loops notice the stop flag within a poll interval
+            wait_all(self.loops, timeout=3)
+        except Exception:
+            pass
+        for channel in self.graph.channels.named().values():
+            try:
+                getattr(channel, "destroy", channel.close)()
+            except Exception:
+                pass
+        for group in self.graph.groups.values():
+            try:
+                wait_all(group.call("close"), timeout=5)
+            except Exception:
+                pass
+            group.shutdown()
+
+    def run(self) -> Dict[str, float]:
+        """Train to ``runner.max_steps``; saves the last completed step on a normal end and on Ctrl-C."""
+        logger = MetricLogger(self.log_path, self.cfg.runner.logger.tensorboard)
+        try:
+            self._start()
+            self._train(logger)
+        except KeyboardInterrupt:
+            self._on_interrupt()
+            raise
+        finally:
+            logger.close()
+            self._shutdown()
+        return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
+                "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals}
