@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import numpy as np
 import torch
@@ -26,17 +25,12 @@ import torch
 
 def load(checkpoint: str, scale: float, seed: int):
     """(policy with the checkpoint's weights, one observation repeated later, env spec)."""
-    from omegaconf import OmegaConf
-
-    from embodied_async.checkpoint_io import load_tree
-    from embodied_async.config.hydra_schema import register_schema
+    from embodied_async.config.recipes import checkpoint_config
     from embodied_async.config.validate import to_train_config
     from embodied_async.registry import build_env, build_policy
-    from embodied_async.workers.sharding import load_model_state
+    from embodied_async.run_folder import load_policy_weights
 
-    register_schema()
-    saved = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(checkpoint))), ".hydra", "config.yaml")
-    raw = OmegaConf.merge(OmegaConf.load(saved), OmegaConf.from_dotlist([f"model.initial_noise_scale={scale}"]))
+    raw = checkpoint_config(checkpoint, [f"model.initial_noise_scale={scale}"])
     raw.cluster.device_type = "cpu"
     cfg = to_train_config(raw)
     if cfg.model.name != "pi0":
@@ -47,8 +41,7 @@ def load(checkpoint: str, scale: float, seed: int):
         policy = build_policy(cfg.model, env.spec)
     finally:
         env.close()
-    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
-    load_model_state(policy, load_tree(checkpoint, "model"), trainable)
+    load_policy_weights(policy, checkpoint)
     return policy, obs
 
 
@@ -118,8 +111,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the JSON here")
     args = parser.parse_args()
-    if not os.path.isfile(os.path.join(args.checkpoint, "model.safetensors")):
-        raise SystemExit(f"{args.checkpoint} is not a checkpoint folder (no model.safetensors)")
+    from embodied_async.run_folder import not_a_checkpoint
+
+    problem = not_a_checkpoint(args.checkpoint, "checkpoint")
+    if problem:
+        raise SystemExit(problem)
     results = {"checkpoint": args.checkpoint, "batch": args.batch, "lr": args.lr, "delta": args.delta,
                "runs": [run(args, scale) for scale in args.initial_noise_scale]}
     line = json.dumps(results)

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
 SMALL = {
     "cluster": {"backend": "ray", "device_type": "cpu",
                 "component_placement": {"env": "0-1", "rollout": "2", "actor": "3"}},
-    "env": {"name": "maniskill", "task_id": "PushCube-v1", "obs_mode": "state", "num_envs": 4,
+    "env": {"name": "maniskill", "task": "PushCube-v1", "obs_mode": "state", "num_envs": 4,
             "max_episode_steps": 10, "control_mode": "pd_joint_delta_pos"},
     "model": {"name": "mlp", "hidden_sizes": [32, 32]},
     "algorithm": {"update_epochs": 2, "staleness_threshold": 1},

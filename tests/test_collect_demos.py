@@ -57,7 +57,7 @@ def test_scripted_episodes_of_an_rgb_env_are_read_back(tmp_path):
     meta = collection(out)
     assert [e["seed"] for e in meta["episodes"]] == [7, 8]
     assert all(e["success"] and e["source"] == "scripted" and e["return_"] > 0 for e in meta["episodes"])
-    assert meta["env"]["task_id"] == "PushCube-v1" and meta["env"]["image_size"] == [64, 64]
+    assert meta["env"]["task"] == "PushCube-v1" and meta["env"]["image_size"] == [64, 64]
     assert "num_envs" not in meta["env"] and "render_video" not in meta["env"]
     frames = reader.episode_frames("observation.images.main", 0)
     assert frames.shape == (len(reader.episode_range(0)), 64, 64, 3) and frames.std() > 10  # a scene

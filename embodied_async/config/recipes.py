@@ -143,10 +143,14 @@ def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[s
                   ) -> Tuple[object, Optional[str]]:
     """What a script is pointed at, as ``(composed config, checkpoint or None)``: a run's checkpoint
     (its run's config), or a model under ``recipe``."""
-    from embodied_async.run_folder import is_checkpoint
+    from embodied_async.run_folder import checkpoints_root, is_checkpoint, latest_checkpoint
 
     if is_checkpoint(target):
         return checkpoint_config(target, overrides), target
+    newest = latest_checkpoint(target) or latest_checkpoint(checkpoints_root(target))
+    if newest:  # a run's log folder or its checkpoints root
+        raise ConfigError(f"{target} is not a checkpoint but holds a run's checkpoints: point at one of them, e.g. the "
+                          f"newest, {newest}")
     return model_config(target, recipe, overrides), None
 
 

@@ -62,7 +62,10 @@ class EnvConfig:
     # >1 splits each env worker's sub-envs into stages so inference on one overlaps stepping of
     # the next.
     pipeline_stage_num: int = 1
-    # Whether ending at success is terminal (data.bootstrap_flags, the rule every family applies).
+    # Whether the episode ends when the task reports success (false: it runs on to its time limit;
+    # only a family whose tasks can go on past a success allows it: can_run_past_success).
+    end_on_success: bool = True
+    # Whether that end at success is terminal (data.bootstrap_flags, the rule every family applies).
     # Dense tasks that end at success while the reward would keep paying must bootstrap there:
     # treating that end as terminal teaches the policy to hover short of the goal.
     terminal_on_success: bool = False
@@ -85,13 +88,18 @@ class EnvConfig:
     tasks: List[str] = field(default_factory=list)
 
     builder: ClassVar[str] = ""  # "module:callable"
-    # the family's key naming its task (e.g. "task_id"); None: the family cannot run env.tasks
+    # the family's key naming its task (e.g. "task"); None: the family cannot run env.tasks
     task_key: ClassVar[Optional[str]] = None
-    # the family's key naming its robot (e.g. "robot_uids"); None: the task decides the robot
+    # the family's key naming its robot (e.g. "robot"); None: the task decides the robot
     robot_key: ClassVar[Optional[str]] = None
     # keys beside the task and the robot that decide what an action does (e.g. "control_mode"): a
     # teacher's actions mean the same only where they agree (scripts/collect_demos.py)
     control_keys: ClassVar[Tuple[str, ...]] = ()
+    # keys renamed since the last release (old -> new): a value under the old name still works,
+    # with a warning naming the new one (the family keeps the old field, default None, until then)
+    renamed_keys: ClassVar[Dict[str, str]] = {}
+    # families whose episodes can go on past a success say so (env.end_on_success=false)
+    can_run_past_success: ClassVar[bool] = False
     # families that can give privileged_states say so
     supports_privileged_states: ClassVar[bool] = False
     # "module:callable" building the family's scripted expert, ``expert(env_cfg, env)``: a callable

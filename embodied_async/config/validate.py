@@ -7,6 +7,7 @@ class of the family they name (``embodied_async.registry``).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
@@ -65,6 +66,21 @@ def _reject_unknown_keys(node: Dict[str, Any], schema: DictConfig, path: str) ->
             _reject_unknown_keys(value, child, full)
 
 
+def _take_renamed_keys(plain: Dict[str, Any], classes: Dict[str, type]) -> bool:
+    """A family's renamed keys (``renamed_keys``: old -> new) still work until the next release: a
+    value under the old name moves to the new one, with a warning naming it. True if any moved."""
+    moved = False
+    for section, cls in classes.items():
+        node = plain.get(section)
+        for old, new in getattr(cls, "renamed_keys", {}).items():
+            if not isinstance(node, dict) or node.get(old) in (None, "???"):
+                continue
+            node[new], node[old], moved = node[old], None, True
+            print(f"[config] warning: {section}.{old} is renamed {section}.{new}; the old name works until the next "
+                  f"release: write {section}.{new}={node[new]}", file=sys.stderr, flush=True)
+    return moved
+
+
 def _merge(cfg: DictConfig, schema: DictConfig, classes: Dict[str, type]) -> TrainConfig:
     try:
         return OmegaConf.to_object(OmegaConf.merge(schema, cfg))
@@ -90,6 +106,8 @@ def resolve(cfg: Any, num_gpus: Optional[int] = None) -> Tuple[TrainConfig, Topo
         cfg = OmegaConf.create(cfg)
     plain = OmegaConf.to_container(cfg, resolve=False)
     classes = _family_classes(plain)
+    if _take_renamed_keys(plain, classes):
+        cfg = OmegaConf.create(plain)
     schema = _schema(classes)
     _reject_unknown_keys(plain, schema, "")
     train_cfg = _merge(cfg, schema, classes)
@@ -229,6 +247,12 @@ def _check_counts(cfg: TrainConfig) -> None:
         positive(getattr(getattr(cfg, section), name), key)
     bound(cfg.env.max_abs_value, "env.max_abs_value", lambda v: v > 0, "must be > 0",
           "observations and rewards beyond it are dropped like NaNs: use e.g. 1e6")
+    require(cfg.env.end_on_success or type(cfg.env).can_run_past_success,
+            f"env.end_on_success=false, but the '{cfg.env.name}' env family's tasks end an episode at success: "
+            "remove it")
+    require(cfg.env.end_on_success or not cfg.env.terminal_on_success,
+            "env.terminal_on_success=true with env.end_on_success=false: no episode ends at success, so there is "
+            "no such end to treat as terminal; remove one of them")
     require(not cfg.env.privileged_states or type(cfg.env).supports_privileged_states,
             f"env.privileged_states=true, but the '{cfg.env.name}' env family cannot give them: set it to false")
 

@@ -22,7 +22,7 @@ class ManiSkillConfig(EnvConfig):
     """A ManiSkill3 task (https://maniskill.readthedocs.io): observations, control and simulator."""
 
     name: str = "maniskill"
-    task_id: str = MISSING  # e.g. PushCube-v1
+    task: str = MISSING  # a ManiSkill task id, e.g. PushCube-v1
     obs_mode: str = "state"  # one of OBS_MODES: "state", "rgb" or "rgb+segmentation"
     control_mode: Optional[str] = "pd_joint_delta_pos"  # null: the task's own default
     sim_backend: str = "cpu"  # "cpu": one scene per sub-env, stepped in turn; "gpu": batched
@@ -37,7 +37,7 @@ class ManiSkillConfig(EnvConfig):
     instruction: Optional[str] = None
     # the robot, for tasks that accept several (the task's SUPPORTED_ROBOTS, e.g. PickCube-v1:
     # panda, fetch, xarm6_robotiq, so100, widowxai); null: the task's default
-    robot_uids: Optional[str] = None
+    robot: Optional[str] = None
     # the sensors giving main_images / wrist_images in rgb mode; null: the first camera not on the
     # hand / the hand camera, if any
     main_camera: Optional[str] = None
@@ -49,9 +49,13 @@ class ManiSkillConfig(EnvConfig):
     robot_mesh_fraction: float = 1.0
     # extra keyword arguments for the simulator's constructor (gym.make)
     extra_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # the former names of task and robot: they still work until the next release, with a warning
+    task_id: Optional[str] = None
+    robot_uids: Optional[str] = None
 
-    task_key: ClassVar[Optional[str]] = "task_id"  # env.tasks: several ManiSkill tasks (CPU backend)
-    robot_key: ClassVar[Optional[str]] = "robot_uids"
+    task_key: ClassVar[Optional[str]] = "task"  # env.tasks: several ManiSkill tasks (CPU backend)
+    robot_key: ClassVar[Optional[str]] = "robot"
+    renamed_keys: ClassVar[Dict[str, str]] = {"task_id": "task", "robot_uids": "robot"}
     control_keys: ClassVar[Tuple[str, ...]] = ("control_mode",)
     builder: ClassVar[str] = "envs.maniskill.maniskill_env:ManiSkillEnv"
     supports_privileged_states: ClassVar[bool] = True  # the CPU backend's sub-envs (check())
@@ -118,16 +122,16 @@ class ManiSkillConfig(EnvConfig):
         error: the env worker reports them with the download command, and a machine that only
         validates configs need not hold them."""
         try:
-            task_checks.check_task_assets(self.task_id, self.robot_uids)
+            task_checks.check_task_assets(self.task, self.robot)
         except FileNotFoundError:
             pass
         except ValueError as err:
-            raise ConfigError(f"{err}. Set env.task_id to a ManiSkill task (check the spelling and the -v<N> "
+            raise ConfigError(f"{err}. Set env.task to a ManiSkill task (check the spelling and the -v<N> "
                               "version suffix)") from None
         try:
-            task_checks.check_task_modes(self.task_id, self.obs_mode, self.reward_mode)
-            task_checks.check_task_robot(self.task_id, self.robot_uids)
+            task_checks.check_task_modes(self.task, self.obs_mode, self.reward_mode)
+            task_checks.check_task_robot(self.task, self.robot)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        require(self.robot_uids is None or "robot_uids" not in self.extra_kwargs,
-                "env.robot_uids and env.extra_kwargs.robot_uids are both set: keep env.robot_uids")
+        require(self.robot is None or "robot_uids" not in self.extra_kwargs,
+                "env.robot and env.extra_kwargs.robot_uids are both set: keep env.robot")

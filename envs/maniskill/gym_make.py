@@ -24,8 +24,8 @@ def gym_kwargs(env_cfg) -> Dict[str, Any]:
     size is the image size unless they set ``sensor_configs``)."""
     backend = env_cfg.sim_backend
     extra = dict(getattr(env_cfg, "extra_kwargs", None) or {})
-    if env_cfg.robot_uids is not None:
-        extra["robot_uids"] = env_cfg.robot_uids
+    if env_cfg.robot is not None:
+        extra["robot_uids"] = env_cfg.robot
     kwargs: Dict[str, Any] = dict(
         obs_mode=env_cfg.obs_mode,
         reward_mode=env_cfg.reward_mode,
@@ -63,7 +63,7 @@ def make_task_env(gym, task: str, kwargs: Dict[str, Any], num_envs: int, env_cfg
     if fraction < 1.0:
         from .low_poly import low_poly_urdf
 
-        agent_cls = task_robot_class(task, env_cfg.robot_uids)
+        agent_cls = task_robot_class(task, env_cfg.robot)
         if agent_cls not in robot_copies:
             robot_copies[agent_cls] = str(low_poly_urdf(agent_cls.urdf_path, fraction))
         robot_copy = robot_copies[agent_cls]
@@ -81,9 +81,9 @@ def _control_mode_named(env_cfg):
     except AssertionError as err:
         if "not in supported modes" not in str(err):
             raise
-        robot = env_cfg.robot_uids or "the task's default robot"
+        robot = env_cfg.robot or "the task's default robot"
         raise ValueError(f"env.control_mode={env_cfg.control_mode!r} is not a control mode of {robot} in ManiSkill "
-                         f"task '{env_cfg.task_id}': {err}. Set env.control_mode to one of them") from None
+                         f"task '{env_cfg.task}': {err}. Set env.control_mode to one of them") from None
 
 
 @contextlib.contextmanager

@@ -114,11 +114,11 @@ class ManiSkillEnv:
         ids, robots, rewards) is not checked again here."""
         self.cfg = env_cfg
         self.num_envs = int(num_envs)
-        self.task_id = env_cfg.task_id
+        self.task_id = env_cfg.task
         self.obs_mode = env_cfg.obs_mode
         self.backend = env_cfg.sim_backend
         self.terminal_on_success = bool(env_cfg.terminal_on_success)
-        # the task of each sub-env: env.tasks spread over them, or the one env.task_id
+        # the task of each sub-env: env.tasks spread over them, or the one env.task
         self.sub_env_tasks = list(env_cfg.sub_env_tasks(self.num_envs)) or [self.task_id] * self.num_envs
         self._check_buildable()
         self._reward = None
@@ -159,7 +159,7 @@ class ManiSkillEnv:
         if cfg.render_video and self.backend != "cpu":
             raise ValueError("render_video needs sim_backend='cpu' (the GPU vector env resets finished sub-envs "
                              "before their last frame can be rendered)")
-        robot_uids = cfg.robot_uids if cfg.robot_uids is not None else (cfg.extra_kwargs or {}).get("robot_uids")
+        robot_uids = cfg.robot if cfg.robot is not None else (cfg.extra_kwargs or {}).get("robot_uids")
         for task in dict.fromkeys(self.sub_env_tasks):
             check_task_assets(task, robot_uids)
 

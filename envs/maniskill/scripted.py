@@ -164,19 +164,19 @@ def _tcp_jacobian(kinematics, q: np.ndarray, joints: np.ndarray, eps: float = 1e
 
 
 def build_expert(env_cfg, env) -> ScriptedExpert:
-    """The expert of ``env_cfg.task_id`` acting in ``env_cfg.control_mode``; ``ValueError`` naming
+    """The expert of ``env_cfg.task`` acting in ``env_cfg.control_mode``; ``ValueError`` naming
     what is supported otherwise."""
-    if env_cfg.task_id not in TASKS:
-        raise ValueError(f"no scripted expert for ManiSkill task '{env_cfg.task_id}' (env.task_id); there are "
+    if env_cfg.task not in TASKS:
+        raise ValueError(f"no scripted expert for ManiSkill task '{env_cfg.task}' (env.task); there are "
                          f"experts for: {', '.join(TASKS)}. Use a teacher checkpoint (--source teacher:<folder>)")
     if env_cfg.control_mode not in CONTROL_MODES:
-        raise ValueError(f"the scripted expert of '{env_cfg.task_id}' acts in env.control_mode "
+        raise ValueError(f"the scripted expert of '{env_cfg.task}' acts in env.control_mode "
                          f"{' / '.join(CONTROL_MODES)}, not {env_cfg.control_mode!r}: set env.control_mode to one of "
                          "them")
     if env_cfg.control_mode == "pd_joint_delta_pos" and env_cfg.sim_backend != "cpu":
         raise ValueError("the scripted experts solve joint deltas with the CPU backend's kinematic model: set "
                          "env.sim_backend=cpu, or env.control_mode=pd_ee_delta_pos")
-    if env_cfg.robot_uids not in ROBOTS:
-        raise ValueError(f"the scripted experts drive the panda arm, not env.robot_uids={env_cfg.robot_uids!r}: set "
-                         "env.robot_uids=panda (or null)")
-    return ScriptedExpert(env, TASKS[env_cfg.task_id], env_cfg.control_mode)
+    if env_cfg.robot not in ROBOTS:
+        raise ValueError(f"the scripted experts drive the panda arm, not env.robot={env_cfg.robot!r}: set "
+                         "env.robot=panda (or null)")
+    return ScriptedExpert(env, TASKS[env_cfg.task], env_cfg.control_mode)

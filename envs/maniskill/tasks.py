@@ -151,7 +151,7 @@ def check_task_robot(task_id: str, robot_uids: Optional[str]) -> None:
     supported = list(getattr(_task_class(task_id), "SUPPORTED_ROBOTS", None) or [])
     names = [r if isinstance(r, str) else "+".join(r) for r in supported]
     if supported and robot_uids not in names:
-        raise ValueError(f"env.robot_uids={robot_uids!r} is not a robot of ManiSkill task '{task_id}'; it supports: "
+        raise ValueError(f"env.robot={robot_uids!r} is not a robot of ManiSkill task '{task_id}'; it supports: "
                          f"{', '.join(names)}")
 
 
@@ -163,7 +163,7 @@ def task_robot_class(task_id: str, robot_uids: Optional[str]):
     uid = _default_robot(task_id) if robot_uids is None else robot_uids
     if not isinstance(uid, str) or uid not in REGISTERED_AGENTS:
         raise ValueError(f"env.robot_mesh_fraction < 1 needs one robot by name; ManiSkill task '{task_id}' uses "
-                         f"{uid!r}: set env.robot_uids, or env.robot_mesh_fraction=1.0")
+                         f"{uid!r}: set env.robot, or env.robot_mesh_fraction=1.0")
     agent_cls = REGISTERED_AGENTS[uid].agent_cls
     if getattr(agent_cls, "urdf_path", None) is None:
         raise ValueError(f"env.robot_mesh_fraction < 1 reduces a URDF robot's meshes; '{uid}' has no URDF: set "

@@ -32,15 +32,16 @@ class MujocoConfig(EnvConfig):
     main_camera: Optional[str] = None
     wrist_camera: Optional[str] = None
     max_episode_steps: int = 100  # the time limit (truncation) in control steps
-    # end the episode (terminated) when the task reports success; false: run to the time limit
-    end_on_success: bool = True
     # natural-language instruction; null: the family's table entry for the task, else its name's words
     instruction: Optional[str] = None
-    reward_scale: float = 1.0
+    # removed: algorithm.reward_scale is the one reward scale (the two multiplied each other); a
+    # value here is refused naming it, until the next release
+    reward_scale: Optional[float] = None
 
     builder: ClassVar[str] = "envs.mujoco.mujoco_env:MujocoEnv"
     task_key: ClassVar[Optional[str]] = "task"  # env.tasks: several tasks of the family (Meta-World MT10)
     supports_privileged_states: ClassVar[bool] = True  # every family's full state (Task.state)
+    can_run_past_success: ClassVar[bool] = True  # env.end_on_success=false runs to the time limit
     # the module holding the family's task class (``Task``: one simulator) and its name checks
     task_module: ClassVar[str] = ""
 
@@ -53,7 +54,8 @@ class MujocoConfig(EnvConfig):
         require(len(image_size) == 2 and all(int(v) >= 8 for v in image_size),
                 f"env.image_size={image_size} must be [height, width], each >= 8; use e.g. [128, 128]")
         bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 100")
-        bound(self.reward_scale, "env.reward_scale", lambda v: v > 0, "must be > 0", "use 1.0 for the task's reward")
+        require(self.reward_scale is None, f"env.reward_scale={self.reward_scale} was removed: set "
+                f"algorithm.reward_scale={self.reward_scale}, the one reward scale (the two multiplied each other)")
         try:
             self.task_class().check_names(self)  # imports the simulator package (seconds)
         except ValueError as err:

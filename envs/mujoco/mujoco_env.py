@@ -109,7 +109,7 @@ class MujocoSubEnv:
             reward, success, fail = 0.0, False, True
             self._on_unstable()
         self.steps += 1
-        return SubStep(reward=float(reward) * self.cfg.reward_scale, success=bool(success),
+        return SubStep(reward=float(reward), success=bool(success),
                        terminated=bool(fail) or (bool(success) and self.cfg.end_on_success),
                        truncated=self.steps >= self.cfg.max_episode_steps, fail=bool(fail))
 

@@ -37,7 +37,7 @@ BAD = [
     ("model.activation=sigmoid", "model.activation='sigmoid'", "use one of: tanh, relu, gelu"),
     ("env.sim_backend=quantum", "env.sim_backend='quantum'", "use one of: cpu, gpu"),
     ("env.obs_mode=depth", "env.obs_mode='depth'", "use one of: state, rgb"),
-    ("env.task_id=PushCub-v1", "env.task_id", "PushCube-v1"),  # close matches from ManiSkill's registry
+    ("env.task=PushCub-v1", "env.task", "PushCube-v1"),  # close matches from ManiSkill's registry
     # model
     (("model.name=openvla", "model.path=/no/such/openvla"), "model.path='/no/such/openvla'",
      "model.tiny_random_init=true"),
@@ -188,7 +188,7 @@ def test_env_family_check_through_the_registry(tmp_path, monkeypatch):
 
     assert family_config("env", "maniskill") is ManiSkillConfig
     with pytest.raises(ConfigError, match="close: .*PushCube-v1"):
-        ManiSkillConfig(task_id="PushCub-v1").check()
+        ManiSkillConfig(task="PushCub-v1").check()
     with pytest.raises(ConfigError, match="registered: .*maniskill"):
         family_config("env", "nosuchsim")
 
@@ -197,7 +197,7 @@ def test_env_family_check_through_the_registry(tmp_path, monkeypatch):
 
     # missing assets are the env worker's to report (with the download command), not a config error
     monkeypatch.setattr(envs.maniskill.tasks, "check_task_assets", assets_missing)
-    assert build_config(tmp_path).env.task_id == "PushCube-v1"
+    assert build_config(tmp_path).env.task == "PushCube-v1"
 
 
 def test_wrong_type_names_the_key(tmp_path):
@@ -205,14 +205,26 @@ def test_wrong_type_names_the_key(tmp_path):
         to_train_config({"model": {"name": "mlp"}, "env": {"name": "maniskill", "num_envs": "many"}})
 
 
+def test_a_renamed_key_still_works_with_a_warning_naming_the_new_one(capsys, tmp_path):
+    cfg = build_config(tmp_path, "env.task_id=PullCube-v1", "env.robot_uids=panda")
+    assert (cfg.env.task, cfg.env.robot, cfg.env.task_id, cfg.env.robot_uids) == ("PullCube-v1", "panda", None, None)
+    err = capsys.readouterr().err
+    assert "env.task_id is renamed env.task" in err and "env.robot_uids is renamed env.robot" in err
+    # on a recipe's command line: Hydra still knows the old key
+    from embodied_async.config.recipes import compose_recipe
+
+    raw = compose_recipe("maniskill_async_ppo_mlp", ["env.task_id=PullCube-v1", "cluster.device_type=cpu"])
+    assert to_train_config(raw).env.task == "PullCube-v1"
+
+
 def test_a_required_key_left_unset_is_named():
-    with pytest.raises(ConfigError, match=r"env.task_id is required but not set: .*\(env.task_id=...\)"):
+    with pytest.raises(ConfigError, match=r"env.task is required but not set: .*\(env.task=...\)"):
         to_train_config({"model": {"name": "mlp"}, "env": {"name": "maniskill"}})
 
 
 @pytest.mark.parametrize("section", ["model", "env"])
 def test_a_missing_family_name_lists_the_registered_ones(section):
-    cfg = {"model": {"name": "mlp"}, "env": {"name": "maniskill", "task_id": "PushCube-v1"}}
+    cfg = {"model": {"name": "mlp"}, "env": {"name": "maniskill", "task": "PushCube-v1"}}
     del cfg[section]["name"]
     with pytest.raises(ConfigError, match=rf"{section}.name is not set; registered: .*embodied_async\.") as err:
         to_train_config(cfg)
@@ -256,7 +268,7 @@ def test_cli_rejects_gpu_placement_without_gpus(tmp_path):
 @pytest.mark.slow  # runs the entry point in a subprocess
 @pytest.mark.parametrize("override, key, fix", [
     ("algorithm.rollout_store_size_per_rank=0", "algorithm.rollout_store_size_per_rank=0", "set it to 1 or more"),
-    ("env.task_id=PushCub-v1", "env.task_id", "PushCube-v1"),
+    ("env.task=PushCub-v1", "env.task", "PushCube-v1"),
 ])
 def test_cli_rejects_bad_values_before_starting(override, key, fix, tmp_path):
     proc, seconds = _run_entry(override, f"runner.logger.log_path={tmp_path}/logs")
@@ -356,3 +368,15 @@ def test_group_relative_and_demonstration_settings_are_checked_at_start_up(make_
         make_config("algorithm.demo_loss_coef=-1.0")
     with pytest.raises(ConfigError, match="algorithm.demo_batch_size=0"):
         make_config("algorithm.demo_loss_coef=0.1", f"dataset.root={tmp_path}", "algorithm.demo_batch_size=0")
+
+
+def test_success_ends_and_reward_scale_have_one_name_across_families(make_config):
+    robosuite = ("env.name=robosuite", "env.task=Reach")
+    with pytest.raises(ConfigError, match="env.end_on_success=false, but the 'maniskill' env family's tasks end an "
+                                          "episode at success"):
+        make_config("env.end_on_success=false")
+    assert make_config(*robosuite, "env.end_on_success=false").env.end_on_success is False
+    with pytest.raises(ConfigError, match="env.terminal_on_success=true with env.end_on_success=false"):
+        make_config(*robosuite, "env.end_on_success=false", "env.terminal_on_success=true")
+    with pytest.raises(ConfigError, match=r"env.reward_scale=2.0 was removed: set algorithm.reward_scale=2.0"):
+        make_config(*robosuite, "env.reward_scale=2.0")

@@ -60,5 +60,9 @@ def test_a_checkpoint_is_composed_from_its_runs_saved_config(tmp_path):
     assert found == str(checkpoint) and raw.runner.seed == 5
     # a new env keeps the chunk the policy was trained to execute
     assert raw.env.name == "robosuite" and raw.env.num_action_chunks == 2
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("global_step_3\n")
+    for folder in (tmp_path / "run", tmp_path / "run" / "checkpoints"):
+        with pytest.raises(ConfigError, match="not a checkpoint but holds a run's checkpoints: .*global_step_3"):
+            target_config(str(folder))
     with pytest.raises(ConfigError, match="env=nowhere: no configs/env/nowhere.yaml"):
         apply_overrides(raw, ["env=nowhere"])

@@ -34,4 +34,4 @@ def test_the_miniature_recipes_of_a_family_build_the_same_model():
             # what decides the weights' names and shapes (sampling settings may differ)
             shape = ("name", "tiny_random_init", "tiny_image_size", "lora", "value_head_hidden_sizes", "value_input")
             assert {k: getattr(sft.model, k) for k in shape} == {k: getattr(rl.model, k) for k in shape}, family
-            assert sft.env.num_action_chunks == rl.env.num_action_chunks and sft.env.task_id == rl.env.task_id
+            assert sft.env.num_action_chunks == rl.env.num_action_chunks and sft.env.task == rl.env.task

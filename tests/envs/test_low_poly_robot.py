@@ -62,7 +62,7 @@ def test_copy_keeps_the_fraction_of_triangles_and_the_collision_meshes(tmp_path)
 
 def test_same_physics_and_nearly_the_same_pictures(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_ASYNC_CACHE", str(tmp_path))
-    common = dict(task_id="PushCube-v1", obs_mode="rgb", image_size=[64, 64], control_mode="pd_ee_delta_pos",
+    common = dict(task="PushCube-v1", obs_mode="rgb", image_size=[64, 64], control_mode="pd_ee_delta_pos",
                   max_episode_steps=50)
     full = build_env(ManiSkillConfig(**common), num_envs=2, seed=5)
     low = build_env(ManiSkillConfig(**common, robot_mesh_fraction=0.05), num_envs=2, seed=5)
@@ -86,6 +86,6 @@ def test_same_physics_and_nearly_the_same_pictures(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fraction", [0.0, 1.5])
 def test_fraction_out_of_range_is_refused(fraction):
-    cfg = ManiSkillConfig(task_id="PushCube-v1", robot_mesh_fraction=fraction)
+    cfg = ManiSkillConfig(task="PushCube-v1", robot_mesh_fraction=fraction)
     with pytest.raises(ConfigError, match="env.robot_mesh_fraction"):
         cfg.check()

@@ -20,7 +20,7 @@ BRIDGE_TASKS = ["PutCarrotOnPlateInScene-v1", "PutEggplantInBasketScene-v1",
 
 
 def bridge_config(task_id: str, **overrides) -> ManiSkillConfig:
-    settings = dict(task_id=task_id, obs_mode="rgb+segmentation", reward_mode="none", reward="grasp_place",
+    settings = dict(task=task_id, obs_mode="rgb+segmentation", reward_mode="none", reward="grasp_place",
                     control_mode=None, sim_backend="gpu", image_size=[480, 640])
     return ManiSkillConfig(**{**settings, **overrides})
 
@@ -45,7 +45,7 @@ def test_a_reward_mode_the_twins_lack_is_refused_pointing_at_named_rewards():
 
 def test_tasks_with_image_textures_accept_both_image_modes():
     for mode in ("rgb", "rgb+segmentation"):
-        ManiSkillConfig(task_id="PushCube-v1", obs_mode=mode).check()
+        ManiSkillConfig(task="PushCube-v1", obs_mode=mode).check()
 
 
 def test_unknown_reward_and_weight_names_are_config_errors():
@@ -87,7 +87,7 @@ def test_grasp_place_reward_starts_each_episode_from_zero_per_sub_env():
 
 def test_named_reward_on_a_task_without_its_info_keys_fails_at_start_up_naming_them():
     with pytest.raises(ValueError, match=r"needs the info keys .*reports no \['is_src_obj_grasped'"):
-        build_env(ManiSkillConfig(task_id="PushCube-v1", reward="grasp_place", control_mode="pd_ee_delta_pos"),
+        build_env(ManiSkillConfig(task="PushCube-v1", reward="grasp_place", control_mode="pd_ee_delta_pos"),
                   num_envs=1, seed=0)
     with pytest.raises(ConfigError, match="env.reward is null"):
-        ManiSkillConfig(task_id="PushCube-v1", reward_weights={"grasp": 1.0}).check()
+        ManiSkillConfig(task="PushCube-v1", reward_weights={"grasp": 1.0}).check()

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # builds simulators
 
 
 def make_env(num_envs: int = 2, seed: int = 0, **overrides):
-    cfg = ManiSkillConfig(**{"task_id": "PushCube-v1", "max_episode_steps": 50, "control_mode": "pd_ee_delta_pos",
+    cfg = ManiSkillConfig(**{"task": "PushCube-v1", "max_episode_steps": 50, "control_mode": "pd_ee_delta_pos",
                              **overrides})
     return build_env(cfg, num_envs=num_envs, seed=seed)
 
@@ -205,7 +205,7 @@ def test_missing_assets_name_the_download_command():
     if assets.is_data_source_downloaded("bridge_v2_real2sim"):
         pytest.skip("Bridge assets are installed here")
     with pytest.raises(FileNotFoundError) as err:
-        make_env(task_id="PutCarrotOnPlateInScene-v1", num_envs=1)
+        make_env(task="PutCarrotOnPlateInScene-v1", num_envs=1)
     message = str(err.value)
     assert "PutCarrotOnPlateInScene-v1" in message
     assert "python -m mani_skill.utils.download_asset bridge_v2_real2sim -y" in message
@@ -215,18 +215,18 @@ def test_unknown_task_and_bad_obs_mode():
     """The config's start-up check names both; the env (built from a checked config) still refuses
     an unknown task id, which it reads when it looks for the task's assets."""
     with pytest.raises(ValueError, match="PushCube-v1"):
-        make_env(task_id="PushCub-v1")
+        make_env(task="PushCub-v1")
     with pytest.raises(ConfigError, match="close: .*PushCube-v1"):
-        ManiSkillConfig(task_id="PushCub-v1").check()
+        ManiSkillConfig(task="PushCub-v1").check()
     with pytest.raises(ConfigError, match="env.obs_mode"):
-        ManiSkillConfig(task_id="PushCube-v1", obs_mode="pointcloud").check()
+        ManiSkillConfig(task="PushCube-v1", obs_mode="pointcloud").check()
 
 
 def test_instructions():
     assert task_instruction("PickCube-v1") == "pick up the cube and move it to the goal"
     assert task_instruction("LiftPegUpright-v2") == "lift peg upright"
     assert task_instruction("PickSingleYCB-v1", "grab it") == "grab it"
-    cfg = ManiSkillConfig(task_id="PushCube-v1", instruction="do the thing")
+    cfg = ManiSkillConfig(task="PushCube-v1", instruction="do the thing")
     env = build_env(cfg, num_envs=1, seed=0)
     try:
         assert env.reset().obs["task_descriptions"] == ["do the thing"]

@@ -17,7 +17,7 @@ def maniskill(**overrides):
     pytest.importorskip("mani_skill")
     from envs.maniskill import ManiSkillConfig
 
-    return ManiSkillConfig(**{"task_id": "PushCube-v1", "control_mode": "pd_ee_delta_pos", "max_episode_steps": 50,
+    return ManiSkillConfig(**{"task": "PushCube-v1", "control_mode": "pd_ee_delta_pos", "max_episode_steps": 50,
                               **overrides})
 
 

@@ -35,15 +35,15 @@ def test_an_episode_returns_its_last_potential_and_a_success_outranks_every_fail
 
 def test_progress_needs_a_dense_reward_mode_and_known_weights():
     with pytest.raises(ConfigError, match=r"env.reward_mode='sparse'.*normalized_dense"):
-        ManiSkillConfig(task_id="PushCube-v1", reward="progress", reward_mode="sparse").check()
+        ManiSkillConfig(task="PushCube-v1", reward="progress", reward_mode="sparse").check()
     with pytest.raises(ValueError, match="unknown keys \\['grasp'\\]"):
-        ManiSkillConfig(task_id="PushCube-v1", reward="progress", reward_weights={"grasp": 1.0}).check()
+        ManiSkillConfig(task="PushCube-v1", reward="progress", reward_weights={"grasp": 1.0}).check()
 
 
 @pytest.mark.slow
 def test_on_pushcube_the_rewards_are_differences_of_the_tasks_dense_reward():
     def make(**overrides):
-        cfg = ManiSkillConfig(task_id="PushCube-v1", max_episode_steps=6, control_mode="pd_ee_delta_pos", **overrides)
+        cfg = ManiSkillConfig(task="PushCube-v1", max_episode_steps=6, control_mode="pd_ee_delta_pos", **overrides)
         cfg.check()
         return build_env(cfg, num_envs=2, seed=0)
 

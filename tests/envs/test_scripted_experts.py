@@ -51,7 +51,7 @@ def maniskill(**overrides):
     ("PushCube-v1", "pd_ee_delta_pos"), ("PushCube-v1", "pd_joint_delta_pos"), ("PullCube-v1", "pd_ee_delta_pos"),
     ("PickCube-v1", "pd_ee_delta_pos"), ("PickCube-v1", "pd_joint_delta_pos")])
 def test_maniskill_expert_solves_most_episodes(task_id, control_mode):
-    assert success_rate(maniskill(task_id=task_id, control_mode=control_mode), episodes=8) >= 0.75
+    assert success_rate(maniskill(task=task_id, control_mode=control_mode), episodes=8) >= 0.75
 
 
 @pytest.mark.slow
@@ -63,11 +63,11 @@ def test_metaworld_expert_solves_reach():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"task_id": "StackCube-v1"},
+    ({"task": "StackCube-v1"},
      "no scripted expert for ManiSkill task 'StackCube-v1'.*PushCube-v1, PullCube-v1, PickCube-v1"),
-    ({"task_id": "PushCube-v1", "control_mode": "pd_joint_pos"},
+    ({"task": "PushCube-v1", "control_mode": "pd_joint_pos"},
      "acts in env.control_mode pd_ee_delta_pos / pd_ee_delta_pose / pd_joint_delta_pos, not 'pd_joint_pos'"),
-    ({"task_id": "PushCube-v1", "robot_uids": "fetch"}, "drive the panda arm"),
+    ({"task": "PushCube-v1", "robot": "fetch"}, "drive the panda arm"),
 ])
 def test_maniskill_expert_refuses_what_it_does_not_know(overrides, message):
     cfg = maniskill(**overrides)
