@@ -79,6 +79,11 @@ def latest_checkpoint(root: str) -> Optional[str]:
     return path if STEP_FOLDER.fullmatch(name) and is_checkpoint(path) else None
 
 
+def videos_folder(log_path: str, step: int) -> str:
+    """Where the evaluation launched at ``step`` writes its videos."""
+    return os.path.join(log_path, "videos", f"step_{step}")
+
+
 def log_folder(checkpoint: str) -> str:
     """The run's log folder a checkpoint lies in (``<log>/checkpoints/global_step_<N>``)."""
     return os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))

@@ -173,3 +173,18 @@ def test_models_and_envs_never_import_each_other():
 
 def test_no_modules_import_each_other_in_a_cycle():
     assert import_cycles(import_graph()) == []
+
+
+def test_no_script_imports_another():
+    """Scripts are thin: what two of them share lives in the framework, not in a script the other
+    imports (nor on a ``sys.path`` that a script puts ``scripts/`` on)."""
+    found = {}
+    for folder in ("scripts", "benchmarks", os.path.join("examples", "embodiment")):
+        scripts = {name[:-3] for name in os.listdir(os.path.join(REPO_ROOT, folder)) if name.endswith(".py")}
+        for name in sorted(scripts):
+            with open(os.path.join(REPO_ROOT, folder, f"{name}.py")) as f:
+                source = f.read()
+            imported = {module.split(".")[0] for module in _imported_modules(source)} & scripts
+            if imported or re.search(r"sys\.path\.insert\(0, .*\"scripts\"", source):
+                found[f"{folder}/{name}.py"] = sorted(imported) or ["scripts/ on sys.path"]
+    assert found == {}

@@ -6,7 +6,6 @@ for its graph and its step, and owns what every run does around them: stopping (
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -195,7 +194,7 @@ class Runner:
         self.eval_in_flight = None
         videos = result.pop("videos", [])
         if videos:
-            folder = os.path.join(self.log_path, "videos", f"step_{self.eval_launched_at}")
+            folder = run_folder.videos_folder(self.log_path, self.eval_launched_at)
             write_videos(videos, folder, self.cfg.runner.eval_video_fps)
             self.log(f"{len(videos)} evaluation videos written to {folder}")
             self.videos_to_log.append((self.eval_launched_at, videos))
