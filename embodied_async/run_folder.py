@@ -108,8 +108,8 @@ def load_run_config(checkpoint: str):
 
     path = run_config_path(checkpoint)
     if not os.path.isfile(path):
-        raise CheckpointError(f"{checkpoint} is a checkpoint, but its run's config {path} is missing: pass the "
-                              "recipe it was trained with and its overrides instead")
+        raise CheckpointError(f"{checkpoint} is a checkpoint, but its run's config {path} is missing: name the "
+                              "recipe it was trained with (--recipe) and its overrides instead")
     return OmegaConf.load(path)
 
 

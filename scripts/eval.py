@@ -64,7 +64,8 @@ def _parse(argv):
     parser.add_argument("--video-dir", default=None, help="write the first --videos episodes here as mp4 + JSON")
     parser.add_argument("--videos", type=int, default=4,
                         help="record the first episode of this many sub-envs (with --video-dir; at most --num-envs)")
-    parser.add_argument("--recipe", default=None, help="the recipe a model (not a checkpoint) is evaluated under")
+    parser.add_argument("--recipe", default=None, help="the recipe a model is evaluated under (default: its family's), "
+                                                       "or a checkpoint instead of its run's saved config")
     parser.add_argument("--seed", type=int, default=None,
                         help="env seed (default: the run's evaluation seed, not its training episodes)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -28,6 +28,7 @@ def reference_fixture(name: str) -> str:
         pytest.skip(message)
     return folder
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
+sys.path.append(os.path.join(REPO_ROOT, "scripts"))  # tests import a script's functions as a module
 
 # A PushCube run small enough for a test: 2 updates of 4 envs x 8 steps.
 SMALL = {

@@ -16,11 +16,10 @@ from teacher_checkpoints import make_teacher
 
 from embodied_async.datasets.reader import DatasetReader
 
-pytestmark = pytest.mark.slow  # runs the collection script in subprocesses
+# runs the collection script in subprocesses
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")]
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "collect_demos.py")
-sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")
 
 
 def run(*args, timeout=300):

@@ -27,20 +27,29 @@ def group_names(group: str) -> list:
     return sorted(name[:-5] for name in os.listdir(os.path.join(CONFIG_DIR, group)) if name.endswith(".yaml"))
 
 
-def check_recipe_name(recipe: str) -> None:
-    """ConfigError naming the new name of a renamed recipe (``ModelConfig.renamed_recipe_parts``:
-    recipes are named by the family they train), or the recipes there are."""
+def renamed_recipe(recipe: str) -> Optional[str]:
+    """The new name of a recipe that was renamed (``ModelConfig.renamed_recipe_parts``: recipes are
+    named by the family they train), None when ``recipe`` is not such a name."""
     from embodied_async.registry import families
 
     if os.path.isfile(os.path.join(CONFIG_DIR, f"{recipe}.yaml")):
-        return
-    renamed_parts = {old: new for cls in families("model").values() for old, new in cls.renamed_recipe_parts.items()}
-    for old, new in renamed_parts.items():
-        renamed = recipe.replace(old, new)
-        if old in recipe and os.path.isfile(os.path.join(CONFIG_DIR, f"{renamed}.yaml")):
-            raise ConfigError(f"the recipe {recipe!r} is now {renamed!r} (recipes are named by the family they "
-                              f"train): use {renamed}")
-    raise ConfigError(f"no recipe {recipe!r} (configs/{recipe}.yaml); the recipes: {', '.join(recipe_names())}")
+        return None
+    for cls in families("model").values():
+        for old, new in cls.renamed_recipe_parts.items():
+            renamed = recipe.replace(old, new)
+            if old in recipe and os.path.isfile(os.path.join(CONFIG_DIR, f"{renamed}.yaml")):
+                return renamed
+    return None
+
+
+def check_recipe_name(recipe: str) -> None:
+    """ConfigError naming the new name of a renamed recipe, or the recipes there are."""
+    renamed = renamed_recipe(recipe)
+    if renamed:
+        raise ConfigError(f"the recipe {recipe!r} is now {renamed!r} (recipes are named by the family they train): "
+                          f"use {renamed}")
+    if not os.path.isfile(os.path.join(CONFIG_DIR, f"{recipe}.yaml")):
+        raise ConfigError(f"no recipe {recipe!r} (configs/{recipe}.yaml); the recipes: {', '.join(recipe_names())}")
 
 
 def compose_recipe(recipe: str, overrides: Sequence[str] = ()):
@@ -142,11 +151,16 @@ def model_config(target: str, recipe: Optional[str], overrides: Sequence[str] = 
 def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[str] = None
                   ) -> Tuple[object, Optional[str]]:
     """What a script is pointed at, as ``(composed config, checkpoint or None)``: a run's checkpoint
-    (its run's config), or a model under ``recipe``."""
-    from embodied_async.run_folder import checkpoints_root, is_checkpoint, latest_checkpoint
+    (under its run's config, or under ``recipe`` when one is named), or a model under ``recipe``."""
+    from embodied_async.run_folder import RUNNER_STATE, checkpoints_root, is_checkpoint, latest_checkpoint
 
     if is_checkpoint(target):
+        if recipe is not None:  # named by the user: e.g. a checkpoint whose run's folder is gone
+            return compose_recipe(recipe, overrides), target
         return checkpoint_config(target, overrides), target
+    if os.path.isfile(os.path.join(target, RUNNER_STATE)):
+        raise ConfigError(f"{target} holds {RUNNER_STATE} but no manifest.json: a checkpoint that was never completed "
+                          "(or was damaged); use another checkpoint of the run")
     newest = latest_checkpoint(target) or latest_checkpoint(checkpoints_root(target))
     if newest:  # a run's log folder or its checkpoints root
         raise ConfigError(f"{target} is not a checkpoint but holds a run's checkpoints: point at one of them, e.g. the "

@@ -62,19 +62,16 @@ def main(cfg: DictConfig) -> None:
 
 def refuse_renamed_recipe(argv) -> None:
     """A recipe that was renamed is refused naming its new name (Hydra would only say it is missing)."""
-    import os
-
-    from embodied_async.config.recipes import CONFIG_DIR, check_recipe_name
+    from embodied_async.config.recipes import check_recipe_name, renamed_recipe
 
     names = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config-name", "-cn")]
     names += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config-name=")]
-    for name in names:
-        if not os.path.isfile(os.path.join(CONFIG_DIR, f"{name}.yaml")):
-            try:
-                check_recipe_name(name)
-            except ConfigError as err:
-                print(f"config error: {err}", file=sys.stderr, flush=True)
-                sys.exit(2)
+    for name in filter(renamed_recipe, names):
+        try:
+            check_recipe_name(name)
+        except ConfigError as err:
+            print(f"config error: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
 
 
 if __name__ == "__main__":

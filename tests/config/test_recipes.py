@@ -51,8 +51,10 @@ def test_a_checkpoint_is_composed_from_its_runs_saved_config(tmp_path):
     checkpoint.mkdir(parents=True)
     (checkpoint / "runner.json").write_text('{"step": 3}')
     write_manifest(str(checkpoint))
-    with pytest.raises(ConfigError, match="its run's config .*config.yaml is missing"):
+    with pytest.raises(ConfigError, match="its run's config .*config.yaml is missing: name the recipe"):
         target_config(str(checkpoint))
+    raw, found = target_config(str(checkpoint), ["runner.seed=4"], recipe="maniskill_async_ppo_mlp")  # named instead
+    assert found == str(checkpoint) and raw.model.name == "mlp" and raw.runner.seed == 4
     saved = compose_recipe("maniskill_async_ppo_mlp", ["env.num_action_chunks=2"])
     os.makedirs(tmp_path / "run" / ".hydra")
     OmegaConf.save(saved, tmp_path / "run" / ".hydra" / "config.yaml")

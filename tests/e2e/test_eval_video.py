@@ -11,6 +11,8 @@ import pytest
 from conftest import REPO_ROOT, run_recipe
 from video_files import decode_mp4
 
+from embodied_async.checkpoint_io import write_manifest
+
 pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
 
 
@@ -64,7 +66,11 @@ def test_eval_py_names_a_bad_target_and_the_fix(tmp_path):
     fake.mkdir(parents=True)
     (fake / "runner.json").write_text("{}")
     (fake / "model.json").write_text("{}")
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), str(fake)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), str(fake)]
+    proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("eval error:")
+    assert "holds runner.json but no manifest.json: a checkpoint that was never completed" in proc.stderr
+    write_manifest(str(fake))
+    proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("eval error:")
     assert ".hydra/config.yaml is missing" in proc.stderr and "--recipe" in proc.stderr

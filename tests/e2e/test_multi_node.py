@@ -48,7 +48,7 @@ def test_env_and_actor_on_different_nodes(two_nodes, make_config):
     assert other != head
     assert graph.env.nodes == [head, other] and graph.actor.nodes == [head]
     # every worker runs on the node it was pinned to (asked from inside the worker's process)
-    assert runner.worker_nodes == {group.name: group.nodes for group in graph.groups()}
+    assert runner.worker_nodes == {group.name: group.nodes for group in graph.groups.values()}
     # env rank 1 shares the rollout's node: point to point; env rank 0 goes through Ray, and so
     # do trajectories from the rollout (other node) to the actor (head)
     assert isinstance(graph.channels.env_outputs, RoutedChannel)

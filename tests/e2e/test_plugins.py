@@ -108,7 +108,10 @@ def test_their_recipe_trains_two_updates_through_the_entry_point(installed, tmp_
         records = [json.loads(line) for line in f]
     train = [r for r in records if "train/actor/current_version" in r]
     assert [r["train/actor/current_version"] for r in train] == [0.0, 1.0]
-    assert all(r["train/actor/policy_loss"] is not None and r["env/env_steps"] > 0 for r in train)
+    assert all(r["train/actor/policy_loss"] is not None for r in train)
+    # an update's interval may see no env step on a loaded machine (the env waits on the rollout,
+    # which waits on the version gate): the run as a whole stepped
+    assert sum(r["env/env_steps"] for r in train) > 0
     assert train[-1]["eval/success_rate"] is not None
     assert os.path.isfile(log_path / "checkpoints" / "global_step_2" / "model.safetensors")
     assert re.search(r"final eval at step 2", proc.stdout)
