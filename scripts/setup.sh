@@ -220,8 +220,52 @@ print(f"[setup] python {platform.python_version()}, torch {version('torch')}, "
 EOF
 }
 
+# A family environment (``EnvConfig.python_env``): .venv-<name> from the requirements file
+# envs/<family>/requirements-<name>.txt, for simulators that pin what .venv cannot hold. Rebuilt
+# when the requirements change; the family's simulators run in it as child processes.
+setup_python_env() {
+    local name=$1 requirements venv stamp digest known file
+    local matches=(envs/*/"requirements-$name.txt")
+    requirements=${matches[0]}
+    if [ ! -f "$requirements" ]; then
+        known=""
+        for file in envs/*/requirements-*.txt; do
+            [ -f "$file" ] && known="$known ${file##*/requirements-}" && known=${known%.txt}
+        done
+        echo "[setup] error: no family environment '$name' (no envs/<family>/requirements-$name.txt); the ones" \
+             "there:${known:- none}" >&2
+        exit 2
+    fi
+    venv=".venv-$name"
+    stamp="$venv/.embodied_async_installed"
+    digest=$(sha256sum "$requirements" | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+        log "family environment $venv already installed for $requirements"
+        return 0
+    fi
+    if [ ! -x "$venv/bin/python" ]; then
+        log "creating the family environment $venv with $(command -v python3)"
+        python3 -m venv "$venv"
+    fi
+    log "installing $requirements into $venv"
+    "$venv/bin/pip" install -r "$requirements"
+    printf '%s\n' "$digest" >"$stamp"
+}
+
+python_envs=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --python-env) python_envs+=("$2"); shift 2 ;;
+        --python-env=*) python_envs+=("${1#--python-env=}"); shift ;;
+        *) echo "[setup] error: unknown argument '$1' (usage: bash scripts/setup.sh [--python-env NAME])" >&2; exit 2 ;;
+    esac
+done
+
 log "repository: $REPO_ROOT"
 install_system_packages
 create_venv
 install_project
 sanity_check
+for name in "${python_envs[@]}"; do
+    setup_python_env "$name"
+done

@@ -98,6 +98,11 @@ class EnvConfig:
     # keys renamed since the last release (old -> new): a value under the old name still works,
     # with a warning naming the new one (the family keeps the old field, default None, until then)
     renamed_keys: ClassVar[Dict[str, str]] = {}
+    # a family whose simulators need a Python environment of their own (a dependency our venv
+    # cannot hold) names it: its requirements are envs/<family>/requirements-<name>.txt, set-up
+    # builds .venv-<name> (bash scripts/setup.sh --python-env <name>), and its builder runs each
+    # simulator in a child process under it (embodied_async.isolated.child.ChildSubEnv)
+    python_env: ClassVar[Optional[str]] = None
     # families whose episodes can go on past a success say so (env.end_on_success=false)
     can_run_past_success: ClassVar[bool] = False
     # families that can give privileged_states say so

@@ -148,6 +148,7 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
     _check_advantages(cfg, topology)
     _check_demonstrations(cfg, topology.actor_world_size)
     _check_tasks(cfg, topology)
+    _check_python_env(cfg)
     for section in FAMILY_SECTIONS:
         family_cfg = getattr(cfg, section)
         # each task of env.tasks checked on its own; without them, the one config
@@ -236,6 +237,19 @@ def _check_tasks(cfg: TrainConfig, topology: Topology) -> None:
     require(cfg.runner.eval_num_envs % len(tasks) == 0,
             f"runner.eval_num_envs={cfg.runner.eval_num_envs} must be a multiple of the {len(tasks)} env.tasks, "
             "so the evaluation scores every task alike")
+
+
+def _check_python_env(cfg: TrainConfig) -> None:
+    """A family with a Python environment of its own needs it built (one line naming the command)."""
+    name = type(cfg.env).python_env
+    if name is None:
+        return
+    from embodied_async.isolated.child import family_interpreter
+
+    try:
+        family_interpreter(name)
+    except FileNotFoundError as err:
+        raise ConfigError(f"env ({cfg.env.name}): {err}") from None
 
 
 def _check_counts(cfg: TrainConfig) -> None:

@@ -1,0 +1,92 @@
+"""The env worker's side: a ``SubEnv`` whose simulator runs in a child process under the family's
+own interpreter (``EnvConfig.python_env``), so our venv never imports what the family pins.
+
+The child is reached only through its stdin and stdout (nothing another process can connect to),
+messages are JSON and raw arrays (``codec``), and it ends when the worker closes it or dies (its
+stdin closes). A child that dies is an error naming the family and its exit code, which ends the
+run like any env worker's failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from embodied_async.contracts import SubStep
+from embodied_async.isolated.codec import CodecError, read_message, write_message
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# where the families' environments live (.venv-<name> in it); a test points it elsewhere
+VENVS_ROOT_VARIABLE = "EMBODIED_ASYNC_FAMILY_VENVS"
+CLOSE_TIMEOUT_S = 10.0
+
+
+def setup_command(name: str) -> str:
+    return f"bash scripts/setup.sh --python-env {name}"
+
+
+def family_interpreter(name: str) -> str:
+    """The interpreter of the family environment ``name``; FileNotFoundError naming the set-up
+    command when it was not built."""
+    root = os.environ.get(VENVS_ROOT_VARIABLE, REPO_ROOT)
+    path = os.path.join(root, f".venv-{name}", "bin", "python")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"the '{name}' Python environment ({os.path.dirname(os.path.dirname(path))}) is not "
+                                f"set up: run {setup_command(name)}")
+    return path
+
+
+class ChildSubEnv:
+    """``contracts.SubEnv`` over a child process that builds ``factory(config)`` (``"module:callable"``,
+    importable under the family's interpreter from the repository)."""
+
+    def __init__(self, family: str, python_env: str, factory: str, config: Dict[str, Any]):
+        self.family = family
+        paths = [REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]  # the repository's code first
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen([family_interpreter(python_env), "-m", "embodied_async.isolated.server"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT, env=env)
+        write_message(self.process.stdin, {"factory": factory, "config": config})
+        self.instruction = self._reply()["instruction"]
+
+    def _reply(self) -> Any:
+        try:
+            reply = read_message(self.process.stdout)
+        except (EOFError, CodecError) as err:
+            code = self.process.wait(timeout=CLOSE_TIMEOUT_S) if isinstance(err, EOFError) else None
+            raise RuntimeError(f"the {self.family} simulator's child process ended (exit code {code}); its output "
+                               f"above says why ({err})") from None
+        if "error" in reply:
+            raise RuntimeError(f"the {self.family} simulator (child process) failed: {reply['error']}")
+        return reply["result"]
+
+    def _call(self, name: str, *args) -> Any:
+        try:
+            write_message(self.process.stdin, {"call": name, "args": list(args)})
+        except (BrokenPipeError, OSError):
+            pass  # the reply's read reports the child's end with its exit code
+        return self._reply()
+
+    def reset(self, seed: Optional[int] = None) -> None:
+        self._call("reset", seed)
+
+    def step(self, action: np.ndarray) -> SubStep:
+        return SubStep(**self._call("step", np.asarray(action)))
+
+    def observe(self) -> Dict[str, np.ndarray]:
+        return self._call("observe")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self._call("close")
+            except RuntimeError:
+                pass
+        try:
+            self.process.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,62 @@
+"""The child side (``python -m embodied_async.isolated.server``, under the family's interpreter):
+builds one simulator and answers the env worker's calls on stdin/stdout until told to close or
+the pipe closes (the worker ended). Only the standard library, numpy and the family's own code."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import signal
+import sys
+import traceback
+from typing import Any, BinaryIO
+
+from embodied_async.isolated.codec import read_message, write_message
+
+CALLS = ("reset", "step", "observe", "close")
+
+
+def _plain(value: Any) -> Any:
+    """A ``SubStep`` (or any dataclass) as a dict; everything else as it is."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    start = read_message(requests)
+    module, _, name = start["factory"].partition(":")
+    try:
+        sub_env = getattr(importlib.import_module(module), name)(start["config"])
+    except Exception as err:  # the worker names it: a one-line error, the traceback on stderr
+        traceback.print_exc()
+        write_message(replies, {"error": f"{type(err).__name__}: {err}"})
+        return
+    write_message(replies, {"result": {"instruction": sub_env.instruction}})
+    while True:
+        try:
+            request = read_message(requests)
+        except EOFError:  # the worker is gone
+            break
+        call = request.get("call")
+        try:
+            if call not in CALLS:
+                raise ValueError(f"unknown call {call!r}")
+            result = _plain(getattr(sub_env, call)(*request.get("args", [])))
+        except Exception as err:
+            traceback.print_exc()
+            write_message(replies, {"error": f"{type(err).__name__}: {err}"})
+            continue
+        write_message(replies, {"result": result})
+        if call == "close":
+            break
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle: it closes us
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what the simulator prints goes to stderr
+    serve(sys.stdin.buffer, replies)
+
+
+if __name__ == "__main__":
+    main()
