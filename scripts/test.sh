@@ -5,7 +5,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --python-env libero  # LIBERO runs in an environment of its own
 
 # The lint first (pyflakes, pycodestyle, import order; its settings in pyproject.toml): a second.
 if ! .venv/bin/ruff check --quiet .; then

@@ -39,29 +39,52 @@ def family_interpreter(name: str) -> str:
     return path
 
 
+def _start_child(python_env: str, start: Dict[str, Any]) -> subprocess.Popen:
+    """The server under the family's interpreter, the repository's code importable, its first
+    message sent."""
+    paths = [REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]  # the repository's code first
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([family_interpreter(python_env), "-m", "embodied_async.isolated.server"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT, env=env)
+    write_message(process.stdin, start)
+    return process
+
+
+def _reply(process: subprocess.Popen, family: str) -> Any:
+    """The child's next reply; RuntimeError naming the family when it failed or ended."""
+    try:
+        reply = read_message(process.stdout)
+    except (EOFError, CodecError) as err:
+        code = process.wait(timeout=CLOSE_TIMEOUT_S) if isinstance(err, EOFError) else None
+        raise RuntimeError(f"the {family} simulator's child process ended (exit code {code}); its output above "
+                           f"says why ({err})") from None
+    if "error" in reply:
+        raise RuntimeError(f"the {family} simulator (child process) failed: {reply['error']}")
+    return reply["result"]
+
+
+def query(family: str, python_env: str, function: str, config: Dict[str, Any]) -> Any:
+    """``function(config)`` (``"module:callable"``) run once under the family's interpreter: what a
+    family's start-up checks ask of code our venv cannot import (its task names, its cameras)."""
+    process = _start_child(python_env, {"factory": function, "config": config, "query": True})
+    try:
+        return _reply(process, family)
+    finally:
+        process.stdin.close()
+        process.wait(timeout=CLOSE_TIMEOUT_S)
+
+
 class ChildSubEnv:
     """``contracts.SubEnv`` over a child process that builds ``factory(config)`` (``"module:callable"``,
     importable under the family's interpreter from the repository)."""
 
     def __init__(self, family: str, python_env: str, factory: str, config: Dict[str, Any]):
         self.family = family
-        paths = [REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]  # the repository's code first
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")
-        self.process = subprocess.Popen([family_interpreter(python_env), "-m", "embodied_async.isolated.server"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT, env=env)
-        write_message(self.process.stdin, {"factory": factory, "config": config})
+        self.process = _start_child(python_env, {"factory": factory, "config": config})
         self.instruction = self._reply()["instruction"]
 
     def _reply(self) -> Any:
-        try:
-            reply = read_message(self.process.stdout)
-        except (EOFError, CodecError) as err:
-            code = self.process.wait(timeout=CLOSE_TIMEOUT_S) if isinstance(err, EOFError) else None
-            raise RuntimeError(f"the {self.family} simulator's child process ended (exit code {code}); its output "
-                               f"above says why ({err})") from None
-        if "error" in reply:
-            raise RuntimeError(f"the {self.family} simulator (child process) failed: {reply['error']}")
-        return reply["result"]
+        return _reply(self.process, self.family)
 
     def _call(self, name: str, *args) -> Any:
         try:

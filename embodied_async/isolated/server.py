@@ -23,14 +23,21 @@ def _plain(value: Any) -> Any:
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """The first message names a factory (``"module:callable"``) and its plain config: with
+    ``"query"`` the factory's result is the one reply (e.g. the family's task names, for its
+    start-up checks); otherwise it is a simulator, served until it is closed."""
     start = read_message(requests)
     module, _, name = start["factory"].partition(":")
     try:
-        sub_env = getattr(importlib.import_module(module), name)(start["config"])
+        built = getattr(importlib.import_module(module), name)(start["config"])
     except Exception as err:  # the worker names it: a one-line error, the traceback on stderr
         traceback.print_exc()
         write_message(replies, {"error": f"{type(err).__name__}: {err}"})
         return
+    if start.get("query"):
+        write_message(replies, {"result": built})
+        return
+    sub_env = built
     write_message(replies, {"result": {"instruction": sub_env.instruction}})
     while True:
         try:

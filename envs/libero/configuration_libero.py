@@ -1,0 +1,87 @@
+"""The LIBERO family's config: a suite, a task of it (or several: ``env.tasks``), the cameras and
+the episode rules of the published evaluations. Checked at start-up by asking the family's own
+environment (LIBERO is never imported in our venv)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import ClassVar, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from embodied_async.config.checks import ConfigError, bound, require
+from embodied_async.config.schema import EnvConfig
+
+# the step limits of the published LIBERO evaluations (OpenVLA's and openpi's evaluation scripts)
+SUITE_STEP_LIMITS: Dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
+                                     "libero_10": 520, "libero_90": 400}
+CHILD = "envs.libero.libero_child"
+NO_CAMERA = "none"
+
+
+@functools.lru_cache(maxsize=None)
+def describe_suite(suite: str) -> Dict[str, List[str]]:
+    """The suites, ``suite``'s tasks and the scenes' cameras, asked of LIBERO in the family's own
+    environment (a few seconds; once per suite and process)."""
+    from embodied_async.isolated.child import query
+
+    return query("libero", LiberoConfig.python_env, f"{CHILD}:describe", {"suite": suite})
+
+
+@dataclass
+class LiberoConfig(EnvConfig):
+    """A LIBERO task (https://libero-project.github.io): the robot's end-effector deltas and gripper
+    (7 values in [-1, 1], the gripper's -1 open, +1 closed, as LIBERO's scripts send them), the
+    agent-view and wrist cameras, success from the task's goal predicates (a sparse reward)."""
+
+    name: str = "libero"
+    # libero_spatial, libero_object, libero_goal, libero_10, libero_90 (and LIBERO-PRO's perturbed
+    # suites, e.g. libero_spatial_swap)
+    suite: str = "libero_spatial"
+    task: str = MISSING  # a task of the suite, by its name (e.g. pick_up_the_black_bowl_..._on_the_plate)
+    image_size: List[int] = field(default_factory=lambda: [128, 128])  # [height, width] of each camera
+    main_camera: str = "agentview"
+    wrist_camera: str = "robot0_eye_in_hand"  # "none": no wrist images
+    # null: the suite's limit in the published evaluations (SUITE_STEP_LIMITS; 400 for other suites)
+    max_episode_steps: Optional[int] = None
+    # no-op steps after each reset while the objects settle, not counted (the published evaluations wait 10)
+    settle_steps: int = 10
+
+    builder: ClassVar[str] = "envs.libero.libero_env:build_libero_env"
+    task_key: ClassVar[Optional[str]] = "task"  # env.tasks: several tasks of the suite
+    python_env: ClassVar[Optional[str]] = "libero"
+    supports_privileged_states: ClassVar[bool] = True  # the scene's object state and the robot's
+
+    def step_limit(self) -> int:
+        return self.max_episode_steps or SUITE_STEP_LIMITS.get(self.suite, 400)
+
+    def cameras(self) -> Dict[str, Optional[str]]:
+        return {"main_images": self.main_camera,
+                "wrist_images": None if self.wrist_camera == NO_CAMERA else self.wrist_camera}
+
+    def child_config(self) -> Dict[str, object]:
+        """What the child builds its simulator from (plain data)."""
+        return {"suite": self.suite, "task": self.task, "image_size": list(self.image_size),
+                "cameras": self.cameras(), "step_limit": self.step_limit(), "settle_steps": self.settle_steps,
+                "privileged_states": self.privileged_states, "render_video": self.render_video,
+                "video_size": list(self.video_size)}
+
+    def check(self) -> None:
+        image_size = list(self.image_size)
+        require(len(image_size) == 2 and all(int(v) >= 8 for v in image_size),
+                f"env.image_size={image_size} must be [height, width], each >= 8; use e.g. [128, 128]")
+        bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1",
+              "use e.g. 220", null="for the suite's limit")
+        bound(self.settle_steps, "env.settle_steps", lambda v: v >= 0, "must be >= 0", "use 10, as published")
+        try:
+            known = describe_suite(self.suite)
+        except (RuntimeError, FileNotFoundError) as err:
+            raise ConfigError(f"env ({self.name}): {err}") from None
+        require(self.suite in known["suites"],
+                f"env.suite={self.suite!r} is not a LIBERO suite; the suites: {', '.join(known['suites'])}")
+        require(self.task in known["tasks"], f"env.task={self.task!r} is not a task of {self.suite}; its tasks: "
+                                             f"{', '.join(known['tasks'])}")
+        for key, camera in (("env.main_camera", self.main_camera), ("env.wrist_camera", self.wrist_camera)):
+            require(camera in (*known["cameras"], *([NO_CAMERA] if key == "env.wrist_camera" else [])),
+                    f"{key}={camera!r} is not a camera of LIBERO's scenes; the cameras: {', '.join(known['cameras'])}")

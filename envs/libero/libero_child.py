@@ -1,0 +1,101 @@
+"""LIBERO's side, run in the child process under ``.venv-libero`` (``embodied_async.isolated``):
+one task's simulator behind the ``SubEnv`` contract, and what the start-up checks ask."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from embodied_async.contracts import SubStep
+
+CAMERAS = ("agentview", "robot0_eye_in_hand", "frontview", "birdview", "sideview")
+NO_OP = [0.0] * 6 + [-1.0]  # no motion, the gripper open: what LIBERO's scripts send while objects settle
+
+
+def _benchmark():
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from libero.libero import benchmark
+
+    return benchmark.get_benchmark_dict()
+
+
+def describe(config) -> Dict[str, List[str]]:
+    """The suites, the tasks of ``config["suite"]`` (empty when it is none) and the cameras."""
+    suites = _benchmark()
+    tasks = suites[config["suite"]]().get_task_names() if config["suite"] in suites else []
+    return {"suites": sorted(suites), "tasks": list(tasks), "cameras": list(CAMERAS)}
+
+
+def proprio(obs) -> np.ndarray:
+    """The robot's state as LIBERO's datasets and policies read it: end-effector position (3),
+    orientation as an axis-angle (3), the gripper's two finger positions (2)."""
+    quat = np.asarray(obs["robot0_eef_quat"], dtype=np.float64)  # x, y, z, w
+    w = np.clip(quat[3], -1.0, 1.0)
+    sine = np.sqrt(max(1.0 - w * w, 0.0))
+    axis_angle = quat[:3] * (2.0 * np.arccos(w) / sine) if sine > 1e-8 else np.zeros(3)
+    return np.concatenate([obs["robot0_eef_pos"], axis_angle, obs["robot0_gripper_qpos"]]).astype(np.float32)
+
+
+def upright(image: np.ndarray) -> np.ndarray:
+    """LIBERO renders upside down (OpenGL's origin): turned by 180 degrees, as OpenVLA's and openpi's
+    LIBERO evaluations and datasets have it."""
+    return np.ascontiguousarray(image[::-1, ::-1])
+
+
+class LiberoSubEnv:
+    """One task of a suite. Episode ``i`` starts from the task's official initial state ``i``
+    (modulo their count, 50); a seeded reset starts from state ``seed`` modulo their count (one seed,
+    one initial state: grouped resets compare episodes from the same one)."""
+
+    def __init__(self, config):
+        from libero.libero import get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        suite = _benchmark()[config["suite"]]()
+        index = suite.get_task_names().index(config["task"])
+        task = suite.get_task(index)
+        self.instruction = task.language
+        self.init_states = suite.get_task_init_states(index)
+        self.cameras = {key: name for key, name in config["cameras"].items() if name}
+        self.step_limit, self.settle_steps = int(config["step_limit"]), int(config["settle_steps"])
+        self.privileged, self.video = bool(config["privileged_states"]), bool(config["render_video"])
+        height, width = config["image_size"]
+        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=height, camera_widths=width,
+                                      camera_names=sorted(set(self.cameras.values())))
+        self.episodes, self.steps, self.obs = 0, 0, None
+
+    def reset(self, seed: Optional[int] = None) -> None:
+        index = (self.episodes if seed is None else int(seed)) % len(self.init_states)
+        self.episodes += 1
+        self.env.reset()
+        self.obs = self.env.set_init_state(self.init_states[index])
+        for _ in range(self.settle_steps):
+            self.obs, _, _, _ = self.env.step(NO_OP)
+        self.steps, self.init_state = 0, index
+
+    def step(self, action: np.ndarray) -> SubStep:
+        self.obs, _, done, _ = self.env.step(np.asarray(action, dtype=np.float64).tolist())
+        self.steps += 1
+        success = bool(done or self.env.check_success())
+        return SubStep(reward=float(success), success=success, terminated=success,
+                       truncated=not success and self.steps >= self.step_limit)
+
+    def observe(self) -> Dict[str, np.ndarray]:
+        obs = {key: upright(self.obs[f"{name}_image"])[None] for key, name in self.cameras.items()}
+        obs["states"] = proprio(self.obs)[None]
+        if self.privileged:
+            obs["privileged_states"] = np.concatenate(
+                [self.obs["object-state"], self.obs["robot0_proprio-state"]]).astype(np.float32)[None]
+        if self.video:
+            obs["video_frames"] = obs["main_images"]
+        return obs
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def build_sub_env(config) -> LiberoSubEnv:
+    return LiberoSubEnv(config)
