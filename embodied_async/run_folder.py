@@ -23,7 +23,7 @@ import json
 import os
 import re
 import shutil
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from embodied_async.checkpoint_io import MANIFEST, CheckpointError, assert_no_pickle, verify_checkpoint, write_manifest
 
@@ -57,14 +57,20 @@ def not_a_checkpoint(folder: str, key: str) -> Optional[str]:
         return f"{key}={folder!r} is not a folder; point it at a checkpoint folder such as {EXAMPLE}"
     if is_checkpoint(folder):
         return None
-    hint = ""
+    held = checkpoints_held(folder)
+    hint = f" (this looks like {held[1]}: its newest checkpoint is {held[0]!r})" if held else ""
+    return (f"{key}={folder!r} is a folder but not a checkpoint (it holds no {RUNNER_STATE} and {MANIFEST})"
+            f"{hint}; point it at one checkpoint folder such as {EXAMPLE}")
+
+
+def checkpoints_held(folder: str) -> Optional[Tuple[str, str]]:
+    """``(its newest checkpoint, what the folder is)`` when ``folder`` is a checkpoints root or a
+    run's log folder; None otherwise."""
     for root, what in ((folder, "a checkpoints root"), (checkpoints_root(folder), "a run's log folder")):
         newest = latest_checkpoint(root)
         if newest:
-            hint = f" (this looks like {what}: its newest checkpoint is {newest!r})"
-            break
-    return (f"{key}={folder!r} is a folder but not a checkpoint (it holds no {RUNNER_STATE} and {MANIFEST})"
-            f"{hint}; point it at one checkpoint folder such as {EXAMPLE}")
+            return newest, what
+    return None
 
 
 def latest_checkpoint(root: str) -> Optional[str]:

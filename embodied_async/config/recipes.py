@@ -152,7 +152,7 @@ def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[s
                   ) -> Tuple[object, Optional[str]]:
     """What a script is pointed at, as ``(composed config, checkpoint or None)``: a run's checkpoint
     (under its run's config, or under ``recipe`` when one is named), or a model under ``recipe``."""
-    from embodied_async.run_folder import RUNNER_STATE, checkpoints_root, is_checkpoint, latest_checkpoint
+    from embodied_async.run_folder import RUNNER_STATE, checkpoints_held, is_checkpoint
 
     if is_checkpoint(target):
         if recipe is not None:  # named by the user: e.g. a checkpoint whose run's folder is gone
@@ -161,10 +161,10 @@ def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[s
     if os.path.isfile(os.path.join(target, RUNNER_STATE)):
         raise ConfigError(f"{target} holds {RUNNER_STATE} but no manifest.json: a checkpoint that was never completed "
                           "(or was damaged); use another checkpoint of the run")
-    newest = latest_checkpoint(target) or latest_checkpoint(checkpoints_root(target))
-    if newest:  # a run's log folder or its checkpoints root
+    held = checkpoints_held(target)
+    if held:  # a run's log folder or its checkpoints root
         raise ConfigError(f"{target} is not a checkpoint but holds a run's checkpoints: point at one of them, e.g. the "
-                          f"newest, {newest}")
+                          f"newest, {held[0]}")
     return model_config(target, recipe, overrides), None
 
 
