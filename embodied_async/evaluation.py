@@ -57,13 +57,17 @@ class EvalResult:
         n = len(self.successes)
         rate = float(np.mean(self.successes)) if n and reports_success else float("nan")
         low, high = wilson_interval(int(sum(self.successes)), n) if reports_success else (float("nan"),) * 2
-        per_task = {}
+        per_task, per_task_ci95, per_task_episodes = {}, {}, {}
         for task in dict.fromkeys(self.tasks):  # each task's success rate, in the order of the sub-envs
             scored = [s for s, t in zip(self.successes, self.tasks) if t == task]
             per_task[task] = float(np.mean(scored)) if reports_success else float("nan")
+            per_task_ci95[task] = list(wilson_interval(int(sum(scored)), len(scored))) if reports_success \
+                else [float("nan")] * 2
+            per_task_episodes[task] = len(scored)
         return {"episodes": n, "success_rate": rate, "success_rate_ci95": [low, high],
                 "episode_return": float(np.mean(self.returns)) if n else float("nan"),
-                "episode_length": float(np.mean(self.lengths)) if n else float("nan"), "per_task": per_task}
+                "episode_length": float(np.mean(self.lengths)) if n else float("nan"), "per_task": per_task,
+                "per_task_ci95": per_task_ci95, "per_task_episodes": per_task_episodes}
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple:

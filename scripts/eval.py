@@ -52,7 +52,10 @@ def main(argv=None) -> int:
     print(f"[eval] success {success} over {report['episodes']} episodes of {report['task']}, mean length "
           f"{report['episode_length']:.1f} env steps, mean return {report['episode_return']:.3f}{videos}", flush=True)
     for task, rate in report["per_task"].items():  # env.tasks: each task's share of the episodes
-        print(f"[eval]   {task}: success {rate}", flush=True)
+        low, high = report["per_task_ci95"][task]
+        interval = "" if rate is None else f"{rate:.3f} (95% CI {low:.3f}-{high:.3f})"
+        print(f"[eval]   {task}: success {interval or 'n/a'} over {report['per_task_episodes'][task]} episodes",
+              flush=True)
     return 0
 
 

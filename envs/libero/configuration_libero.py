@@ -21,9 +21,9 @@ NO_CAMERA = "none"
 
 
 @functools.lru_cache(maxsize=None)
-def describe_suite(suite: str) -> Dict[str, List[str]]:
-    """The suites, ``suite``'s tasks and the scenes' cameras, asked of LIBERO in the family's own
-    environment (a few seconds; once per suite and process)."""
+def describe_suite(suite: str) -> Dict[str, object]:
+    """The suites, ``suite``'s tasks, the scenes' cameras and each task's number of initial states,
+    asked of LIBERO in the family's own environment (a second or two; once per suite and process)."""
     from embodied_async.isolated.child import query
 
     return query("libero", LiberoConfig.python_env, f"{CHILD}:describe", {"suite": suite})
@@ -45,6 +45,9 @@ class LiberoConfig(EnvConfig):
     wrist_camera: str = "robot0_eye_in_hand"  # "none": no wrist images
     # null: the suite's limit in the published evaluations (SUITE_STEP_LIMITS; 400 for other suites)
     max_episode_steps: Optional[int] = None
+    # null: each task's sub-envs go through its official initial states in order (episode i from
+    # state i, the published protocol); an index: every episode starts from that state
+    init_state: Optional[int] = None
     # no-op steps after each reset while the objects settle, not counted (the published evaluations wait 10)
     settle_steps: int = 10
 
@@ -64,6 +67,7 @@ class LiberoConfig(EnvConfig):
         """What the child builds its simulator from (plain data)."""
         return {"suite": self.suite, "task": self.task, "image_size": list(self.image_size),
                 "cameras": self.cameras(), "step_limit": self.step_limit(), "settle_steps": self.settle_steps,
+                "init_state": self.init_state,
                 "privileged_states": self.privileged_states, "render_video": self.render_video,
                 "video_size": list(self.video_size)}
 
@@ -82,6 +86,10 @@ class LiberoConfig(EnvConfig):
                 f"env.suite={self.suite!r} is not a LIBERO suite; the suites: {', '.join(known['suites'])}")
         require(self.task in known["tasks"], f"env.task={self.task!r} is not a task of {self.suite}; its tasks: "
                                              f"{', '.join(known['tasks'])}")
+        count = known["init_states"][self.task]
+        require(self.init_state is None or 0 <= int(self.init_state) < count,
+                f"env.init_state={self.init_state} is out of range: {self.task} has {count} initial states, 0 to "
+                f"{count - 1}; or null to go through them all")
         for key, camera in (("env.main_camera", self.main_camera), ("env.wrist_camera", self.wrist_camera)):
             require(camera in (*known["cameras"], *([NO_CAMERA] if key == "env.wrist_camera" else [])),
                     f"{key}={camera!r} is not a camera of LIBERO's scenes; the cameras: {', '.join(known['cameras'])}")

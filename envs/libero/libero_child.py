@@ -21,11 +21,14 @@ def _benchmark():
     return benchmark.get_benchmark_dict()
 
 
-def describe(config) -> Dict[str, List[str]]:
-    """The suites, the tasks of ``config["suite"]`` (empty when it is none) and the cameras."""
+def describe(config) -> Dict[str, object]:
+    """The suites, the tasks of ``config["suite"]`` (empty when it is none), the cameras and the
+    number of official initial states of each task."""
     suites = _benchmark()
-    tasks = suites[config["suite"]]().get_task_names() if config["suite"] in suites else []
-    return {"suites": sorted(suites), "tasks": list(tasks), "cameras": list(CAMERAS)}
+    suite = suites[config["suite"]]() if config["suite"] in suites else None
+    tasks = list(suite.get_task_names()) if suite else []
+    init_states = {task: len(suite.get_task_init_states(i)) for i, task in enumerate(tasks)}
+    return {"suites": sorted(suites), "tasks": tasks, "cameras": list(CAMERAS), "init_states": init_states}
 
 
 def proprio(obs) -> np.ndarray:
@@ -45,9 +48,12 @@ def upright(image: np.ndarray) -> np.ndarray:
 
 
 class LiberoSubEnv:
-    """One task of a suite. Episode ``i`` starts from the task's official initial state ``i``
-    (modulo their count, 50); a seeded reset starts from state ``seed`` modulo their count (one seed,
-    one initial state: grouped resets compare episodes from the same one)."""
+    """One task of a suite, started from the task's official initial states (50 of them), as the
+    published evaluations do. Sub-env ``place`` of the ``count`` sub-envs running this task takes
+    states ``place``, ``place + count``, ``place + 2 count``, ... (modulo their number), so the
+    task's sub-envs together go through the states in order; a seeded reset starts from state
+    ``seed`` and goes on from there the same way (one seed, one state: grouped resets compare
+    episodes from the same one). ``init_state`` set: every episode starts from that state."""
 
     def __init__(self, config):
         from libero.libero import get_libero_path
@@ -65,11 +71,15 @@ class LiberoSubEnv:
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=height, camera_widths=width,
                                       camera_names=sorted(set(self.cameras.values())))
-        self.episodes, self.steps, self.obs = 0, 0, None
+        self.fixed_state = config["init_state"]
+        self.next_state, self.stride = int(config["place"]), int(config["count"])
+        self.steps, self.obs = 0, None
 
     def reset(self, seed: Optional[int] = None) -> None:
-        index = (self.episodes if seed is None else int(seed)) % len(self.init_states)
-        self.episodes += 1
+        if seed is not None:
+            self.next_state = int(seed)
+        index = (self.next_state if self.fixed_state is None else int(self.fixed_state)) % len(self.init_states)
+        self.next_state += self.stride
         self.env.reset()
         self.obs = self.env.set_init_state(self.init_states[index])
         for _ in range(self.settle_steps):

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from embodied_async.config import ConfigError
+from embodied_async.isolated.child import query
 from embodied_async.registry import build_env, family_config
+from envs.libero.libero_env import task_places
 
-pytestmark = pytest.mark.slow  # starts LIBERO in child processes (a scene builds in ~10 s on a CPU)
+slow = pytest.mark.slow  # starts LIBERO in child processes (a scene builds in 3-15 s on a CPU)
 
 FIRST_SPATIAL = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
 
@@ -18,6 +20,7 @@ def config(**overrides):
     return family_config("env", "libero")(**{**settings, **overrides})
 
 
+@slow
 def test_two_sub_envs_reset_from_the_official_initial_states_step_and_auto_reset():
     env = build_env(config(), 2, 0)
     try:
@@ -39,6 +42,21 @@ def test_two_sub_envs_reset_from_the_official_initial_states_step_and_auto_reset
         env.close()
 
 
+@slow
+def test_episodes_go_through_the_official_initial_states_and_images_are_turned_upright():
+    """Sub-env 1 of a task's 2 takes states 1, 3, 5 (the task's sub-envs together: 0, 1, 2, ...);
+    a seed starts from that state; init_state fixes it. Images: LIBERO renders upside down, and
+    OpenVLA's and openpi's LIBERO evaluations and datasets turn both cameras by 180 degrees."""
+    settings = {**config().child_config(), "place": 1, "count": 2}
+    seen = query("libero", "libero", "tests.support.libero_child_checks:reset_sequence_and_images", settings)
+    assert seen["plain"] == [1, 3, 5] and seen["seeded"] == [7, 9] and seen["fixed"] == [4, 4]
+    for camera in ("main", "wrist"):
+        assert seen[camera].shape == (32, 32, 3) and seen[camera].std() > 0
+        np.testing.assert_array_equal(seen[camera], seen[f"{camera}_raw"][::-1, ::-1])
+        assert not np.array_equal(seen[camera], seen[f"{camera}_raw"])
+
+
+@slow
 def test_bad_names_are_refused_at_start_up_listing_the_valid_ones():
     with pytest.raises(ConfigError, match="env.suite='libero_nowhere' is not a LIBERO suite; the suites: .*goal"):
         config(suite="libero_nowhere").check()
@@ -47,4 +65,12 @@ def test_bad_names_are_refused_at_start_up_listing_the_valid_ones():
         config(task="fly").check()
     with pytest.raises(ConfigError, match="env.wrist_camera='hand' is not a camera of LIBERO's scenes"):
         config(wrist_camera="hand").check()
+    with pytest.raises(ConfigError, match=f"env.init_state=50 is out of range: {FIRST_SPATIAL} has 50 initial "
+                                          "states, 0 to 49"):
+        config(init_state=50).check()
     config().check()
+
+
+def test_each_sub_env_has_its_place_among_its_tasks_sub_envs():
+    assert task_places(["a", "a", "a"]) == [0, 1, 2]
+    assert task_places(["a", "b", "a", "b"]) == [0, 0, 1, 1]  # env.tasks spreads tasks round robin

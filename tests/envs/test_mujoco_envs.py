@@ -260,6 +260,9 @@ def test_several_tasks_spread_over_the_sub_envs_and_the_evaluation_scores_each()
         assert result.tasks == ["reach-v3"] * 2 + ["drawer-close-v3"] * 2 + ["reach-v3"] * 2 + \
             ["drawer-close-v3"] * 2  # sub-env by sub-env
         assert summary["per_task"] == {"reach-v3": 1.0, "drawer-close-v3": 0.0}
+        assert summary["per_task_episodes"] == {"reach-v3": 4, "drawer-close-v3": 4}
+        low, high = summary["per_task_ci95"]["reach-v3"]  # Wilson's interval of 4 successes in 4
+        assert high == pytest.approx(1.0) and low == pytest.approx(0.5101, abs=1e-3)
         assert summary["success_rate"] == 0.5
     finally:
         env.close()

@@ -1,0 +1,41 @@
+"""What the LIBERO tests ask of ``envs.libero.libero_child`` in the family's own environment
+(through ``isolated.child.query``): the initial state each reset started from, read off the
+simulator, and the images beside LIBERO's raw renders."""
+
+import numpy as np
+
+from envs.libero.libero_child import LiberoSubEnv
+
+
+def _started_from(sub: LiberoSubEnv) -> int:
+    """The official initial state the simulator holds (no settle steps: exactly that state)."""
+    state = sub.env.sim.get_state().flatten()
+    distances = [float(np.abs(state - official).max()) for official in sub.init_states]
+    best = int(np.argmin(distances))
+    return best if distances[best] == 0.0 else -1
+
+
+def reset_sequence_and_images(config):
+    """Sub-env ``config["place"]`` of ``config["count"]``: the states of three plain resets, of a
+    seeded reset and the one after it, then with ``init_state`` fixed; its images and LIBERO's."""
+    sub = LiberoSubEnv({**config, "settle_steps": 0})
+    try:
+        plain = []
+        for _ in range(3):
+            sub.reset()
+            plain.append(_started_from(sub))
+        sub.reset(seed=7)
+        seeded = [_started_from(sub)]
+        sub.reset()
+        seeded.append(_started_from(sub))
+        ours = sub.observe()
+        images = {"main": ours["main_images"][0], "main_raw": sub.obs["agentview_image"],
+                  "wrist": ours["wrist_images"][0], "wrist_raw": sub.obs["robot0_eye_in_hand_image"]}
+        sub.fixed_state = 4
+        fixed = []
+        for seed in (None, 11):
+            sub.reset(seed)
+            fixed.append(_started_from(sub))
+        return {"plain": plain, "seeded": seeded, "fixed": fixed, **images}
+    finally:
+        sub.close()
