@@ -35,6 +35,11 @@ if [ ! -f "configs/$config_name.yaml" ]; then
 fi
 
 bash scripts/setup.sh
+# an env family with a Python environment of its own (e.g. LIBERO's): set up on its first run
+family_envs=$(.venv/bin/python -m embodied_async.config.recipes "$config_name" "${overrides[@]}" 2>/dev/null || true)
+for name in $family_envs; do
+    bash scripts/setup.sh --python-env "$name"
+done
 
 log_path=""
 for override in "${overrides[@]}"; do

@@ -183,3 +183,22 @@ def env_config(target: str, overrides: Sequence[str], default_recipe: str):
     raw = compose_recipe(recipe, overrides)
     raw.cluster.device_type = "cpu"  # only the env section is used, on this machine
     return to_train_config(raw).env
+
+
+def family_python_envs(recipe: str, overrides: Sequence[str] = ()) -> list:
+    """The Python environments of their own (``EnvConfig.python_env``) the families of ``recipe``
+    with ``overrides`` run in: what ``scripts/run_async.sh`` sets up before a run."""
+    from embodied_async.registry import family_config
+
+    raw = compose_recipe(recipe, overrides)
+    python_env = family_config("env", raw.env.name).python_env
+    return [python_env] if python_env else []
+
+
+if __name__ == "__main__":  # python -m embodied_async.config.recipes RECIPE [key=value ...]: those environments
+    import sys
+
+    try:
+        print(" ".join(family_python_envs(sys.argv[1], sys.argv[2:])))
+    except ConfigError as err:  # the run itself reports a bad recipe or override
+        print(f"[recipes] {err}", file=sys.stderr)

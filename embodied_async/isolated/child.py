@@ -78,10 +78,20 @@ class ChildSubEnv:
     """``contracts.SubEnv`` over a child process that builds ``factory(config)`` (``"module:callable"``,
     importable under the family's interpreter from the repository)."""
 
-    def __init__(self, family: str, python_env: str, factory: str, config: Dict[str, Any]):
+    def __init__(self, family: str, python_env: str, factory: str, config: Dict[str, Any], wait: bool = True):
+        """``wait=False``: return once the child started; ``ready()`` waits for its simulator (so
+        several children build theirs at once)."""
         self.family = family
         self.process = _start_child(python_env, {"factory": factory, "config": config})
-        self.instruction = self._reply()["instruction"]
+        self.instruction: Optional[str] = None
+        if wait:
+            self.ready()
+
+    def ready(self) -> "ChildSubEnv":
+        """Wait until the child built its simulator."""
+        if self.instruction is None:
+            self.instruction = self._reply()["instruction"]
+        return self
 
     def _reply(self) -> Any:
         return _reply(self.process, self.family)

@@ -10,12 +10,15 @@ from typing import ClassVar, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from embodied_async.config.checks import ConfigError, bound, require
+from embodied_async.config.checks import ConfigError, bound, choice, require
 from embodied_async.config.schema import EnvConfig
 
 # the step limits of the published LIBERO evaluations (OpenVLA's and openpi's evaluation scripts)
 SUITE_STEP_LIMITS: Dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
                                      "libero_10": 520, "libero_90": 400}
+OTHER_SUITES_STEP_LIMIT = 400
+GRIPPERS = ("libero", "open_one")
+ALL_TASKS = "all"  # env.tasks=[all]: every task of the suite
 CHILD = "envs.libero.libero_child"
 NO_CAMERA = "none"
 
@@ -43,8 +46,13 @@ class LiberoConfig(EnvConfig):
     image_size: List[int] = field(default_factory=lambda: [128, 128])  # [height, width] of each camera
     main_camera: str = "agentview"
     wrist_camera: str = "robot0_eye_in_hand"  # "none": no wrist images
-    # null: the suite's limit in the published evaluations (SUITE_STEP_LIMITS; 400 for other suites)
+    # null: the suite's limit in the published evaluations (SUITE_STEP_LIMITS; a LIBERO-PRO suite
+    # takes the limit of the suite it perturbs, others 400)
     max_episode_steps: Optional[int] = None
+    # the gripper value (the action's last) a policy sends: "libero" -1 open, +1 closed (LIBERO's
+    # demonstrations and the hub datasets); "open_one" 1 open, 0 closed (OpenVLA's LIBERO checkpoints,
+    # trained on data with the gripper flipped), turned into LIBERO's at 0.5 as OpenVLA's evaluation does
+    gripper: str = "libero"
     # null: each task's sub-envs go through its official initial states in order (episode i from
     # state i, the published protocol); an index: every episode starts from that state
     init_state: Optional[int] = None
@@ -56,8 +64,20 @@ class LiberoConfig(EnvConfig):
     python_env: ClassVar[Optional[str]] = "libero"
     supports_privileged_states: ClassVar[bool] = True  # the scene's object state and the robot's
 
+    def __post_init__(self) -> None:
+        if list(self.tasks) == [ALL_TASKS]:
+            try:
+                self.tasks = list(describe_suite(self.suite)["tasks"])
+            except (RuntimeError, FileNotFoundError) as err:
+                raise ConfigError(f"env ({self.name}): {err}") from None
+
     def step_limit(self) -> int:
-        return self.max_episode_steps or SUITE_STEP_LIMITS.get(self.suite, 400)
+        """The published limit of the suite, or of the suite a LIBERO-PRO suite perturbs
+        (libero_spatial_swap: libero_spatial's)."""
+        if self.max_episode_steps:
+            return int(self.max_episode_steps)
+        matches = [suite for suite in SUITE_STEP_LIMITS if self.suite == suite or self.suite.startswith(f"{suite}_")]
+        return SUITE_STEP_LIMITS[max(matches, key=len)] if matches else OTHER_SUITES_STEP_LIMIT
 
     def cameras(self) -> Dict[str, Optional[str]]:
         return {"main_images": self.main_camera,
@@ -67,7 +87,7 @@ class LiberoConfig(EnvConfig):
         """What the child builds its simulator from (plain data)."""
         return {"suite": self.suite, "task": self.task, "image_size": list(self.image_size),
                 "cameras": self.cameras(), "step_limit": self.step_limit(), "settle_steps": self.settle_steps,
-                "init_state": self.init_state,
+                "init_state": self.init_state, "gripper": self.gripper,
                 "privileged_states": self.privileged_states, "render_video": self.render_video,
                 "video_size": list(self.video_size)}
 
@@ -77,6 +97,7 @@ class LiberoConfig(EnvConfig):
                 f"env.image_size={image_size} must be [height, width], each >= 8; use e.g. [128, 128]")
         bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1",
               "use e.g. 220", null="for the suite's limit")
+        choice(self.gripper, "env.gripper", GRIPPERS)
         bound(self.settle_steps, "env.settle_steps", lambda v: v >= 0, "must be >= 0", "use 10, as published")
         try:
             known = describe_suite(self.suite)

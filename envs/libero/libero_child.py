@@ -71,6 +71,7 @@ class LiberoSubEnv:
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=height, camera_widths=width,
                                       camera_names=sorted(set(self.cameras.values())))
+        self.gripper_open_one = config["gripper"] == "open_one"
         self.fixed_state = config["init_state"]
         self.next_state, self.stride = int(config["place"]), int(config["count"])
         self.steps, self.obs = 0, None
@@ -87,7 +88,10 @@ class LiberoSubEnv:
         self.steps, self.init_state = 0, index
 
     def step(self, action: np.ndarray) -> SubStep:
-        self.obs, _, done, _ = self.env.step(np.asarray(action, dtype=np.float64).tolist())
+        action = np.asarray(action, dtype=np.float64)
+        if self.gripper_open_one:  # 1 open, 0 closed -> LIBERO's -1 open, +1 closed
+            action = np.concatenate([action[:-1], [-1.0 if action[-1] > 0.5 else 1.0]])
+        self.obs, _, done, _ = self.env.step(action.tolist())
         self.steps += 1
         success = bool(done or self.env.check_success())
         return SubStep(reward=float(success), success=success, terminated=success,

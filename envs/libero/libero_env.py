@@ -36,7 +36,10 @@ class LiberoEnv(SerialEnv):
         try:
             for each, place in zip(configs, self.places):
                 subs.append(ChildSubEnv(env_cfg.name, env_cfg.python_env, f"{CHILD}:build_sub_env",
-                                        {**each.child_config(), "place": place, "count": tasks.count(each.task)}))
+                                        {**each.child_config(), "place": place, "count": tasks.count(each.task)},
+                                        wait=False))
+            for sub in subs:  # the children build their scenes at once
+                sub.ready()
         except BaseException:
             for sub in subs:
                 sub.close()
