@@ -350,6 +350,10 @@ class DatasetConfig:
     # dataset has it (observation.images.main, observation.images.wrist, observation.state,
     # action); null leaves an input out
     keys: Dict[str, Optional[str]] = field(default_factory=dict)
+    # the rate the dataset's frames were recorded at, where its header says another (null: the
+    # header's fps). LIBERO's hub datasets say 10 fps for demonstrations recorded at LIBERO's 20 Hz
+    # control rate, one frame per step; checked against the env's control rate
+    recorded_hz: Optional[float] = None
     # whole episodes held out for the validation loss (a seeded draw)
     validation_fraction: float = 0.1
     # batches mix the frames of this many episodes at a time (each decoded about once per pass)

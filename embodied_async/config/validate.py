@@ -381,6 +381,8 @@ def _check_supervised(cfg: TrainConfig) -> None:
                                           "scripts/collect_demos.py wrote) or a Hugging Face dataset repo id")
     bound(cfg.dataset.validation_fraction, "dataset.validation_fraction", lambda v: 0.0 <= v < 1.0,
           "must be in [0, 1)", "it is the share of episodes held out: use e.g. 0.1, or 0 for none")
+    bound(cfg.dataset.recorded_hz, "dataset.recorded_hz", lambda v: v > 0, "must be > 0",
+          "the rate the frames were recorded at, e.g. 20", null="to take the dataset's fps")
     for key in ("dataset.window_episodes", "dataset.cache_episodes", "sft.validation_batches"):
         section, name = key.split(".")
         positive(getattr(getattr(cfg, section), name), key)

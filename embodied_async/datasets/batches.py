@@ -87,9 +87,11 @@ def check_mapping(reader: DatasetReader, keys: Dict[str, str]) -> None:
             raise DatasetError(f"dataset.keys.{name}={key!r} must be {kind}; it is {reader.features[key]['dtype']}")
 
 
-def check_against_spec(reader: DatasetReader, keys: Dict[str, str], spec, control_hz: Optional[float]) -> None:
+def check_against_spec(reader: DatasetReader, keys: Dict[str, str], spec, control_hz: Optional[float],
+                       recorded_hz: Optional[float] = None) -> None:
     """The dataset fits the env the policy acts in: shapes of cameras and states, the action size,
-    and the frame rate (the env's control rate, where the env says it)."""
+    and the frame rate (the env's control rate, where the env says it; ``recorded_hz`` in place of
+    the header's fps, where the header's is not the rate its frames were recorded at)."""
     for name, key in keys.items():
         shape = [int(s) for s in reader.features[key]["shape"]]
         if name == "actions":
@@ -107,12 +109,16 @@ def check_against_spec(reader: DatasetReader, keys: Dict[str, str], spec, contro
     if missing:
         raise DatasetError(f"the env gives {missing} but dataset.keys maps no dataset key to it (the dataset has "
                            f"{sorted(reader.features)})")
-    if control_hz is not None and abs(float(control_hz) - reader.fps) > 1e-6:
-        raise DatasetError(f"the dataset {reader.root} is at {reader.fps} fps, the env acts at {control_hz:g} Hz: "
-                           "a policy trained on it would act at the wrong speed; collect at the env's rate")
+    rate = reader.fps if recorded_hz is None else float(recorded_hz)
+    if control_hz is not None and abs(float(control_hz) - rate) > 1e-6:
+        said = f"dataset.recorded_hz={rate:g}" if recorded_hz is not None else f"its header: {reader.fps} fps"
+        raise DatasetError(f"the dataset {reader.root} was recorded at {rate:g} Hz ({said}), the env acts at "
+                           f"{control_hz:g} Hz: a policy trained on it would act at the wrong speed; collect at the "
+                           "env's rate, or set dataset.recorded_hz where the header's fps is not the recording's rate")
 
 
-def open_dataset(root: str, keys: Dict[str, Optional[str]], spec, cache_episodes: int = 64) -> tuple:
+def open_dataset(root: str, keys: Dict[str, Optional[str]], spec, cache_episodes: int = 64,
+                 recorded_hz: Optional[float] = None) -> tuple:
     """(reader, resolved key mapping) of the dataset at ``root`` (a folder or hub repo id), checked
     against the env's ``spec``: the one place a run opens its dataset (launcher and trainers)."""
     from embodied_async.datasets.reader import resolve_dataset
@@ -120,7 +126,7 @@ def open_dataset(root: str, keys: Dict[str, Optional[str]], spec, cache_episodes
     reader = DatasetReader(resolve_dataset(root, "dataset.root"), cache_episodes=cache_episodes)
     resolved = resolve_keys(reader, dict(keys), spec)
     check_mapping(reader, resolved)
-    check_against_spec(reader, resolved, spec, spec.control_hz)
+    check_against_spec(reader, resolved, spec, spec.control_hz, recorded_hz)
     return reader, resolved
 
 

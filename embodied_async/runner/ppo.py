@@ -45,7 +45,7 @@ def announce_demonstrations(cfg, env_spec) -> None:
     does not fit the env is one line."""
     from embodied_async.datasets.batches import open_dataset
 
-    reader, keys = open_dataset(cfg.dataset.root, cfg.dataset.keys, env_spec)
+    reader, keys = open_dataset(cfg.dataset.root, cfg.dataset.keys, env_spec, recorded_hz=cfg.dataset.recorded_hz)
     print(f"[ppo] demonstrations in the loss (algorithm.demo_loss_coef={cfg.algorithm.demo_loss_coef}): "
           f"{cfg.dataset.root}, {reader.num_episodes} episodes, {len(reader)} frames; inputs {keys}", flush=True)
 

@@ -28,7 +28,7 @@ def probe_env_spec(cfg):
 def check_dataset(cfg, env_spec) -> None:
     """The dataset exists, is a LeRobot dataset, and fits the env and the key mapping (raises
     ``DatasetError`` naming the key and what the dataset has)."""
-    reader, keys = open_dataset(cfg.dataset.root, cfg.dataset.keys, env_spec)
+    reader, keys = open_dataset(cfg.dataset.root, cfg.dataset.keys, env_spec, recorded_hz=cfg.dataset.recorded_hz)
     print(f"[sft] dataset {cfg.dataset.root}: {reader.num_episodes} episodes, {len(reader)} frames at {reader.fps} "
           f"fps; inputs {keys}", flush=True)
 

@@ -82,8 +82,12 @@ def test_a_dataset_that_does_not_fit_is_refused_naming_the_key(reader):
     with pytest.raises(DatasetError, match="shape \\[9\\]; the env's states is \\[10\\]"):
         check_against_spec(reader, KEYS, spec(obs_shapes={"main_images": (64, 64, 3), "wrist_images": (48, 40, 3),
                                                           "states": (10,)}), control_hz=10)
-    with pytest.raises(DatasetError, match="10 fps, the env acts at 20 Hz"):
+    with pytest.raises(DatasetError, match="recorded at 10 Hz \\(its header: 10 fps\\), the env acts at 20 Hz"):
         check_against_spec(reader, KEYS, spec(), control_hz=20)
+    # a header whose fps is not the recording's rate (LIBERO's hub datasets): dataset.recorded_hz
+    check_against_spec(reader, KEYS, spec(), control_hz=20, recorded_hz=20)
+    with pytest.raises(DatasetError, match="recorded at 15 Hz \\(dataset.recorded_hz=15\\), the env acts at 20"):
+        check_against_spec(reader, KEYS, spec(), control_hz=20, recorded_hz=15)
     no_wrist = {k: v for k, v in KEYS.items() if k != "wrist_images"}
     with pytest.raises(DatasetError, match="gives \\['wrist_images'\\] but dataset.keys maps no dataset key"):
         check_against_spec(reader, no_wrist, spec(), control_hz=10)

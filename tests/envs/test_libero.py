@@ -2,13 +2,23 @@
 ``bash scripts/setup.sh --python-env libero``, which scripts/test.sh runs), checked at start-up
 by asking LIBERO there."""
 
+import dataclasses
+import os
+
 import numpy as np
 import pytest
+from conftest import REPO_ROOT
+from hydra import compose, initialize_config_dir
 
-from embodied_async.config import ConfigError
+from embodied_async.config import ConfigError, resolve
+from embodied_async.config.hydra_schema import register_schema
+from embodied_async.datasets.batches import open_dataset
+from embodied_async.datasets.lerobot_format import DatasetError
+from embodied_async.datasets.writer import DatasetWriter
 from embodied_async.isolated.child import query
 from embodied_async.registry import build_env, family_config
-from envs.libero.libero_env import task_places
+from embodied_async.serial_env import SerialEnv
+from envs.libero.libero_env import LiberoEnv, task_places
 
 slow = pytest.mark.slow  # starts LIBERO in child processes (a scene builds in 3-15 s on a CPU)
 
@@ -74,3 +84,77 @@ def test_bad_names_are_refused_at_start_up_listing_the_valid_ones():
 def test_each_sub_env_has_its_place_among_its_tasks_sub_envs():
     assert task_places(["a", "a", "a"]) == [0, 1, 2]
     assert task_places(["a", "b", "a", "b"]) == [0, 0, 1, 1]  # env.tasks spreads tasks round robin
+
+
+# LeRobot's LIBERO datasets on the hub (lerobot/libero_spatial, ...): LeRobot v3.0, the two cameras
+# as videos at 256x256, LIBERO's 8-value robot state and 7-value action, a header of 10 fps
+HUB_LAYOUT = {"observation.images.image": {"dtype": "video", "shape": [256, 256, 3]},
+              "observation.images.wrist_image": {"dtype": "video", "shape": [256, 256, 3]},
+              "observation.state": {"dtype": "float32", "shape": [8]},
+              "action": {"dtype": "float32", "shape": [7]}}
+
+
+def hub_layout_dataset(root: str) -> str:
+    rng = np.random.default_rng(0)
+    with DatasetWriter(root, 10, HUB_LAYOUT) as writer:
+        for _ in range(2):
+            frames = {key: rng.integers(0, 256, (4, *f["shape"]), dtype=np.uint8) if f["dtype"] == "video"
+                      else rng.uniform(-1, 1, (4, *f["shape"])).astype(np.float32) for key, f in HUB_LAYOUT.items()}
+            writer.add_episode(frames, "pick up the black bowl between the plate and the ramekin and place it on the plate")
+    return root
+
+
+def recipe(name: str):
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        return resolve(compose(config_name=name), num_gpus=8)[0]
+
+
+@slow
+def test_the_sft_recipes_read_a_dataset_laid_out_as_the_hubs_libero_datasets(tmp_path):
+    """The recipes' dataset.keys and dataset.recorded_hz fit the hub's layout and the env's
+    observations (built here at the recipes' 256x256), so SFT runs on the hub dataset unchanged."""
+    root = hub_layout_dataset(str(tmp_path / "libero_spatial"))
+    pi0, openvla = recipe("libero_sft_pi0"), recipe("libero_sft_openvla")
+    env = build_env(pi0.env, 1, 0)
+    try:
+        spec = env.spec
+    finally:
+        env.close()
+    assert spec.obs_shapes["main_images"] == (256, 256, 3) and spec.obs_shapes["states"] == (8,)
+    _, keys = open_dataset(root, pi0.dataset.keys, spec, recorded_hz=pi0.dataset.recorded_hz)
+    assert keys == {"main_images": "observation.images.image", "wrist_images": "observation.images.wrist_image",
+                    "states": "observation.state", "actions": "action"}
+    agent_view_only = dataclasses.replace(spec, obs_shapes={k: v for k, v in spec.obs_shapes.items()
+                                                            if k != "wrist_images"})  # env.wrist_camera=none
+    assert openvla.env.wrist_camera == "none"
+    _, keys = open_dataset(root, openvla.dataset.keys, agent_view_only, recorded_hz=openvla.dataset.recorded_hz)
+    assert keys == {"main_images": "observation.images.image", "states": "observation.state", "actions": "action"}
+    # the header's 10 fps alone is refused: the env acts at LIBERO's 20 Hz
+    with pytest.raises(DatasetError, match="recorded at 10 Hz \\(its header: 10 fps\\), the env acts at 20 Hz"):
+        open_dataset(root, pi0.dataset.keys, spec)
+
+
+class SeedRecorder:
+    instruction = "a task"
+
+    def __init__(self):
+        self.seeds = []
+
+    def reset(self, seed=None):
+        self.seeds.append(seed)
+
+    def observe(self):
+        return {"states": np.zeros((1, 8), np.float32)}
+
+
+def test_an_int_seed_starts_each_tasks_sub_envs_at_consecutive_initial_states():
+    """eval.py --seed 0 with env.tasks: each task's sub-envs start from states 0, 1, ... (and go on by
+    their count in the child), the published protocol; a list of seeds passes through."""
+    env = object.__new__(LiberoEnv)
+    SerialEnv.__init__(env, [SeedRecorder() for _ in range(4)], -np.ones(7), np.ones(7), True)
+    env.places = task_places(["a", "b", "a", "b"])
+    env.reset(seed=0)
+    assert [sub.seeds[-1] for sub in env.subs] == [0, 0, 1, 1]
+    env.reset(seed=[5, 6, 7, 8])
+    assert [sub.seeds[-1] for sub in env.subs] == [5, 6, 7, 8]
