@@ -53,6 +53,11 @@ class LiberoConfig(EnvConfig):
     # demonstrations and the hub datasets); "open_one" 1 open, 0 closed (OpenVLA's LIBERO checkpoints,
     # trained on data with the gripper flipped), turned into LIBERO's at 0.5 as OpenVLA's evaluation does
     gripper: str = "libero"
+    # false: the mirror reflections of the table and floor are not rendered, for CPU runs: a frame
+    # costs ~0.6x as much on a CPU (53 vs 88 ms at 128x128, benchmarks/libero_env_speed.py); the
+    # images then differ from the published renders (no reflections), which a policy trained on
+    # those sees as a shift
+    reflections: bool = True
     # null: each task's sub-envs go through its official initial states in order (episode i from
     # state i, the published protocol); an index: every episode starts from that state
     init_state: Optional[int] = None
@@ -88,6 +93,7 @@ class LiberoConfig(EnvConfig):
         return {"suite": self.suite, "task": self.task, "image_size": list(self.image_size),
                 "cameras": self.cameras(), "step_limit": self.step_limit(), "settle_steps": self.settle_steps,
                 "init_state": self.init_state, "gripper": self.gripper,
+                "reflections": self.reflections,
                 "privileged_states": self.privileged_states, "render_video": self.render_video,
                 "video_size": list(self.video_size)}
 

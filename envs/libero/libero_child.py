@@ -47,6 +47,16 @@ def upright(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(image[::-1, ::-1])
 
 
+def resized(image: np.ndarray, size) -> np.ndarray:
+    """``image`` at ``size`` ([height, width]) by the nearest pixel (a video frame: no filter needed)."""
+    height, width = int(size[0]), int(size[1])
+    if image.shape[:2] == (height, width):
+        return image
+    rows = (np.arange(height) * image.shape[0] // height).clip(0, image.shape[0] - 1)
+    columns = (np.arange(width) * image.shape[1] // width).clip(0, image.shape[1] - 1)
+    return np.ascontiguousarray(image[rows][:, columns])
+
+
 class LiberoSubEnv:
     """One task of a suite, started from the task's official initial states (50 of them), as the
     published evaluations do. Sub-env ``place`` of the ``count`` sub-envs running this task takes
@@ -67,11 +77,13 @@ class LiberoSubEnv:
         self.cameras = {key: name for key, name in config["cameras"].items() if name}
         self.step_limit, self.settle_steps = int(config["step_limit"]), int(config["settle_steps"])
         self.privileged, self.video = bool(config["privileged_states"]), bool(config["render_video"])
+        self.video_size = [int(v) for v in config["video_size"]]
         height, width = config["image_size"]
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=height, camera_widths=width,
                                       camera_names=sorted(set(self.cameras.values())))
         self.gripper_open_one = config["gripper"] == "open_one"
+        self.reflections = bool(config.get("reflections", True))
         self.fixed_state = config["init_state"]
         self.next_state, self.stride = int(config["place"]), int(config["count"])
         self.steps, self.obs = 0, None
@@ -81,11 +93,20 @@ class LiberoSubEnv:
             self.next_state = int(seed)
         index = (self.next_state if self.fixed_state is None else int(self.fixed_state)) % len(self.init_states)
         self.next_state += self.stride
-        self.env.reset()
+        self.env.reset()  # LIBERO rebuilds the simulator (and its renderer) at each reset
+        if not self.reflections:
+            self._turn_off_reflections()
         self.obs = self.env.set_init_state(self.init_states[index])
         for _ in range(self.settle_steps):
             self.obs, _, _, _ = self.env.step(NO_OP)
         self.steps, self.init_state = 0, index
+
+    def _turn_off_reflections(self) -> None:
+        import mujoco
+
+        context = self.env.env.sim._render_context_offscreen
+        if context is not None:
+            context.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
 
     def step(self, action: np.ndarray) -> SubStep:
         action = np.asarray(action, dtype=np.float64)
@@ -103,8 +124,8 @@ class LiberoSubEnv:
         if self.privileged:
             obs["privileged_states"] = np.concatenate(
                 [self.obs["object-state"], self.obs["robot0_proprio-state"]]).astype(np.float32)[None]
-        if self.video:
-            obs["video_frames"] = obs["main_images"]
+        if self.video:  # the agent view at env.video_size
+            obs["video_frames"] = resized(obs["main_images"][0], self.video_size)[None]
         return obs
 
     def close(self) -> None:

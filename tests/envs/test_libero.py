@@ -32,13 +32,14 @@ def config(**overrides):
 
 @slow
 def test_two_sub_envs_reset_from_the_official_initial_states_step_and_auto_reset():
-    env = build_env(config(), 2, 0)
+    env = build_env(config(render_video=True, video_size=[48, 40]), 2, 0)
     try:
         spec = env.spec
         assert spec.action_dim == 7 and spec.reports_success and spec.control_hz == 20.0
         assert spec.obs_shapes["main_images"] == (32, 32, 3) and spec.obs_shapes["wrist_images"] == (32, 32, 3)
         assert spec.obs_shapes["states"] == (8,) and spec.instruction.startswith("pick up the black bowl")
         first = env.reset(seed=[3, 3])  # one seed, one initial state
+        assert first.obs["video_frames"].shape == (2, 48, 40, 3)  # the agent view at env.video_size
         np.testing.assert_allclose(first.obs["states"][0], first.obs["states"][1], atol=1e-6)
         other = env.reset(seed=[3, 4])
         assert not np.allclose(other.obs["states"][0], other.obs["states"][1], atol=1e-6) or \
@@ -64,6 +65,8 @@ def test_episodes_go_through_the_official_initial_states_and_images_are_turned_u
         assert seen[camera].shape == (32, 32, 3) and seen[camera].std() > 0
         np.testing.assert_array_equal(seen[camera], seen[f"{camera}_raw"][::-1, ::-1])
         assert not np.array_equal(seen[camera], seen[f"{camera}_raw"])
+    np.testing.assert_array_equal(seen["main_again"], seen["main_raw"])  # rendering repeats exactly
+    assert not np.array_equal(seen["main_no_reflections"], seen["main_raw"])  # env.reflections=false shows
 
 
 @slow

@@ -31,6 +31,10 @@ def reset_sequence_and_images(config):
         ours = sub.observe()
         images = {"main": ours["main_images"][0], "main_raw": sub.obs["agentview_image"],
                   "wrist": ours["wrist_images"][0], "wrist_raw": sub.obs["robot0_eye_in_hand_image"]}
+        # the same state rendered again, then without reflections (env.reflections=false)
+        images["main_again"] = sub.env.env._get_observations(force_update=True)["agentview_image"]
+        sub._turn_off_reflections()
+        images["main_no_reflections"] = sub.env.env._get_observations(force_update=True)["agentview_image"]
         sub.fixed_state = 4
         fixed = []
         for seed in (None, 11):
