@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     videos = f"; {len(report['videos'])} videos in {args.video_dir}" if report["videos"] else ""
     success = "n/a (the task reports none)" if report["success_rate"] is None else \
         f"{report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f})"
-    print(f"[eval] success {success} over {report['episodes']} episodes of {report['task']}, mean length "
+    what = f"{len(report['per_task'])} tasks" if len(report["per_task"]) > 1 else report["task"]
+    print(f"[eval] success {success} over {report['episodes']} episodes of {what}, mean length "
           f"{report['episode_length']:.1f} env steps, mean return {report['episode_return']:.3f}{videos}", flush=True)
     for task, rate in report["per_task"].items():  # env.tasks: each task's share of the episodes
         low, high = report["per_task_ci95"][task]
@@ -63,7 +64,8 @@ def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="a run's checkpoint folder, or a model folder / hub repo id")
     parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--num-envs", type=int, default=None, help="sub-envs stepped together (default: up to 8)")
+    parser.add_argument("--num-envs", type=int, default=None,
+                        help="sub-envs stepped together (default: up to 8; one per task of env.tasks)")
     parser.add_argument("--video-dir", default=None, help="write the first --videos episodes here as mp4 + JSON")
     parser.add_argument("--videos", type=int, default=4,
                         help="record the first episode of this many sub-envs (with --video-dir; at most --num-envs)")
@@ -87,14 +89,14 @@ def load_config(args):
     """(validated TrainConfig, the checkpoint folder or None)."""
     from embodied_async.config import ConfigError
     from embodied_async.config.recipes import target_config
-    from embodied_async.config.validate import to_train_config
+    from embodied_async.config.validate import to_eval_config
 
     try:
         raw, checkpoint = target_config(args.target, args.overrides, args.recipe)
         # this process evaluates on --device: the run's placement is not used
         raw.cluster.device_type = "cpu"
         raw.runner.dry_run = False
-        return to_train_config(raw), checkpoint
+        return to_eval_config(raw), checkpoint
     except ConfigError as err:
         raise EvalError(str(err)) from None
 
@@ -109,7 +111,12 @@ def evaluate(cfg, checkpoint, args) -> dict:
     from embodied_async.registry import build_env, build_policy
     from embodied_async.run_folder import load_policy_weights
 
-    num_envs = args.num_envs or max(d for d in range(1, 9) if args.episodes % d == 0)
+    tasks = len(cfg.env.tasks) or 1  # env.tasks: sub-env i runs task i mod their number
+    # default: up to 8 sub-envs; one per task under env.tasks (a LIBERO sub-env is a ~2 GB process)
+    num_envs = args.num_envs or (tasks if cfg.env.tasks else max(d for d in range(1, 9) if args.episodes % d == 0))
+    if num_envs % tasks:
+        raise EvalError(f"--num-envs {num_envs} must be a multiple of the {tasks} env.tasks, so each task has as "
+                        "many episodes")
     if args.episodes % num_envs:
         raise EvalError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -99,9 +99,10 @@ def _merge(cfg: DictConfig, schema: DictConfig, classes: Dict[str, type]) -> Tra
         raise ConfigError(f"config error at '{getattr(err, 'full_key', '?')}': {err}") from None
 
 
-def resolve(cfg: Any, num_gpus: Optional[int] = None) -> Tuple[TrainConfig, Topology]:
+def resolve(cfg: Any, num_gpus: Optional[int] = None, evaluation: bool = False) -> Tuple[TrainConfig, Topology]:
     """Merge ``cfg`` (DictConfig or dict) into the schema; return the checked ``TrainConfig`` and the
-    run's ``Topology`` (``num_gpus``: GPUs to assume instead of probing this machine)."""
+    run's ``Topology`` (``num_gpus``: GPUs to assume instead of probing this machine; ``evaluation``:
+    for a process that only evaluates, without the checks of how training batches split)."""
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     plain = OmegaConf.to_container(cfg, resolve=False)
@@ -111,7 +112,7 @@ def resolve(cfg: Any, num_gpus: Optional[int] = None) -> Tuple[TrainConfig, Topo
     schema = _schema(classes)
     _reject_unknown_keys(plain, schema, "")
     train_cfg = _merge(cfg, schema, classes)
-    return train_cfg, check(train_cfg, num_gpus)
+    return train_cfg, check(train_cfg, num_gpus, evaluation)
 
 
 def to_train_config(cfg: Any) -> TrainConfig:
@@ -119,8 +120,15 @@ def to_train_config(cfg: Any) -> TrainConfig:
     return resolve(cfg)[0]
 
 
-def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
-    """Semantic checks that the type system cannot express; returns the resolved topology.
+def to_eval_config(cfg: Any) -> TrainConfig:
+    """The config of a process that only evaluates (``scripts/eval.py``): every check but those of
+    how training batches split over the run's processes (its env is built at its own size)."""
+    return resolve(cfg, evaluation=True)[0]
+
+
+def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = False) -> Topology:
+    """Semantic checks that the type system cannot express; returns the resolved topology
+    (``evaluation``: without the checks of how training batches split).
 
     Cheap checks first: the families' own checks come last (one may import its simulator).
     """
@@ -137,7 +145,8 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
         except ValueError as err:
             raise ConfigError(str(err)) from None
     topology = resolve_topology(cfg, num_gpus)
-    _check_batches(cfg, topology.actor_world_size)
+    if not evaluation:
+        _check_batches(cfg, topology.actor_world_size)
     _check_algorithm(cfg)
     _check_actor_and_runner(cfg)
     if cfg.runner.resume_dir is not None:
@@ -146,8 +155,9 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None) -> Topology:
         _check_resume_dir(cfg.model.init_from, "model.init_from")
     _check_supervised(cfg)
     _check_advantages(cfg, topology)
-    _check_demonstrations(cfg, topology.actor_world_size)
-    _check_tasks(cfg, topology)
+    if not evaluation:
+        _check_demonstrations(cfg, topology.actor_world_size)
+    _check_tasks(cfg, None if evaluation else topology)
     _check_python_env(cfg)
     for section in FAMILY_SECTIONS:
         family_cfg = getattr(cfg, section)
@@ -220,15 +230,17 @@ def _check_demonstrations(cfg: TrainConfig, world: int) -> None:
             f"multiple of {world}")
 
 
-def _check_tasks(cfg: TrainConfig, topology: Topology) -> None:
+def _check_tasks(cfg: TrainConfig, topology: Optional[Topology]) -> None:
     """``env.tasks``: a family that names its tasks, each task once, every policy batch and the
-    evaluation holding each task alike."""
+    evaluation holding each task alike (``topology`` None: a process that only evaluates)."""
     tasks = list(cfg.env.tasks)
     if not tasks:
         return
     require(type(cfg.env).task_key is not None,
             f"env.tasks={tasks}: the '{cfg.env.name}' env family runs one task per run; remove env.tasks")
     require(len(set(tasks)) == len(tasks), f"env.tasks={tasks} names a task twice; list each task once")
+    if topology is None:
+        return
     batch = topology.envs_per_stage
     require(batch % len(tasks) == 0,
             f"env.tasks: the {len(tasks)} tasks must spread evenly over each policy batch ({batch} sub-envs: "

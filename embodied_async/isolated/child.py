@@ -56,8 +56,9 @@ def _reply(process: subprocess.Popen, family: str) -> Any:
         reply = read_message(process.stdout)
     except (EOFError, CodecError) as err:
         code = process.wait(timeout=CLOSE_TIMEOUT_S) if isinstance(err, EOFError) else None
-        raise RuntimeError(f"the {family} simulator's child process ended (exit code {code}); its output above "
-                           f"says why ({err})") from None
+        why = "it was killed (SIGKILL: by hand, or by the kernel when memory ran out: run fewer sub-envs)" \
+            if code == -9 else f"its output above says why ({err})"
+        raise RuntimeError(f"the {family} simulator's child process ended (exit code {code}); {why}") from None
     if "error" in reply:
         raise RuntimeError(f"the {family} simulator (child process) failed: {reply['error']}")
     return reply["result"]

@@ -276,3 +276,22 @@ def test_several_tasks_spread_over_the_sub_envs_and_the_evaluation_scores_each()
 def test_env_tasks_are_checked_at_start_up(override, message):
     with pytest.raises(ConfigError, match=message):
         env_config("metaworld_mt2", override)
+
+
+def test_an_evaluation_takes_tasks_its_run_could_not_split_over_its_batches():
+    """scripts/eval.py builds its own env (one sub-env per task): the run's batches need not fit."""
+    from hydra import compose, initialize_config_dir
+
+    from embodied_async.config.hydra_schema import register_schema
+    from embodied_async.config.validate import to_eval_config, to_train_config
+
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        raw = compose(config_name="maniskill_async_ppo_mlp", overrides=[
+            "env=metaworld_mt2", "runner.logger.log_path=/tmp/unused", "env.tasks=[reach-v3,push-v3,drawer-close-v3]"])
+    with pytest.raises(ConfigError, match="must spread evenly over each policy batch"):
+        to_train_config(raw)
+    assert list(to_eval_config(raw).env.tasks) == ["reach-v3", "push-v3", "drawer-close-v3"]
+    raw.env.tasks = ["reach-v3", "reach-v3"]
+    with pytest.raises(ConfigError, match="names a task twice"):  # what matters to an evaluation still counts
+        to_eval_config(raw)
