@@ -125,6 +125,13 @@ def read_info(root: str) -> Dict[str, object]:
     missing = [k for k in ("fps", "features", "data_path", "total_episodes") if k not in info]
     if missing:
         raise DatasetError(f"{os.path.join(root, INFO_PATH)} lacks {missing}")
+    features = info["features"] if isinstance(info["features"], dict) else {}
+    stills = [k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") == "image"]
+    if stills:
+        raise DatasetError(f"{os.path.join(root, INFO_PATH)}: the cameras {stills} are images kept inside the parquet "
+                           "files (dtype image); this reader takes cameras stored as videos (dtype video), LeRobot's "
+                           "default: use the dataset's video version (e.g. lerobot/libero_spatial for "
+                           "HuggingFaceVLA/libero) or re-encode its cameras as videos")
     return info
 
 

@@ -161,3 +161,18 @@ def test_an_int_seed_starts_each_tasks_sub_envs_at_consecutive_initial_states():
     assert [sub.seeds[-1] for sub in env.subs] == [0, 0, 1, 1]
     env.reset(seed=[5, 6, 7, 8])
     assert [sub.seeds[-1] for sub in env.subs] == [5, 6, 7, 8]
+
+
+def test_a_dataset_with_its_images_inside_the_parquet_files_is_refused_naming_them(tmp_path):
+    import json
+
+    root = hub_layout_dataset(str(tmp_path / "stills"))  # as HuggingFaceVLA/libero keeps its cameras
+    path = os.path.join(root, "meta", "info.json")
+    with open(path) as f:
+        info = json.load(f)
+    info["features"]["observation.images.image"]["dtype"] = "image"
+    with open(path, "w") as f:
+        json.dump(info, f)
+    with pytest.raises(DatasetError, match=r"cameras \['observation.images.image'\] are images kept inside the "
+                                           r"parquet files \(dtype image\).*dataset's video version"):
+        open_dataset(root, {}, None)
