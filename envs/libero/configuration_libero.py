@@ -53,11 +53,16 @@ class LiberoConfig(EnvConfig):
     # demonstrations and the hub datasets); "open_one" 1 open, 0 closed (OpenVLA's LIBERO checkpoints,
     # trained on data with the gripper flipped), turned into LIBERO's at 0.5 as OpenVLA's evaluation does
     gripper: str = "libero"
-    # false: the mirror reflections of the table and floor are not rendered, for CPU runs: a frame
-    # costs ~0.6x as much on a CPU (53 vs 88 ms at 128x128, benchmarks/libero_env_speed.py); the
-    # images then differ from the published renders (no reflections), which a policy trained on
-    # those sees as a shift
+    # false: the mirror reflections of the table and floor are not rendered, for CPU runs: 1.6x
+    # the frames per second at 128x128 here (benchmarks/libero_env_speed.py); the images then
+    # differ from the published renders (no reflections), which a policy trained on those sees
+    # as a shift
     reflections: bool = True
+    # below 1: the scene's visual meshes (not those of collisions: the physics is the same) keep
+    # this fraction of their triangles, for CPU runs (envs/libero/low_poly_scene.py; built once
+    # into a cache folder). 0.25: 2.3x the frames per second at 128x128 here, 3.2x with no
+    # reflections; coarser outlines and blurred texture seams (a plate's rim, the stove's rings)
+    mesh_fraction: float = 1.0
     # null: each task's sub-envs go through its official initial states in order (episode i from
     # state i, the published protocol); an index: every episode starts from that state
     init_state: Optional[int] = None
@@ -93,7 +98,7 @@ class LiberoConfig(EnvConfig):
         return {"suite": self.suite, "task": self.task, "image_size": list(self.image_size),
                 "cameras": self.cameras(), "step_limit": self.step_limit(), "settle_steps": self.settle_steps,
                 "init_state": self.init_state, "gripper": self.gripper,
-                "reflections": self.reflections,
+                "reflections": self.reflections, "mesh_fraction": self.mesh_fraction,
                 "privileged_states": self.privileged_states, "render_video": self.render_video,
                 "video_size": list(self.video_size)}
 
@@ -104,6 +109,8 @@ class LiberoConfig(EnvConfig):
         bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1",
               "use e.g. 220", null="for the suite's limit")
         choice(self.gripper, "env.gripper", GRIPPERS)
+        bound(self.mesh_fraction, "env.mesh_fraction", lambda v: 0.0 < v <= 1.0, "must be in (0, 1]",
+              "use 1.0 for the published scenes, or e.g. 0.1 for cheaper frames on a CPU")
         bound(self.settle_steps, "env.settle_steps", lambda v: v >= 0, "must be >= 0", "use 10, as published")
         try:
             known = describe_suite(self.suite)

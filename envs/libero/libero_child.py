@@ -3,8 +3,9 @@ one task's simulator behind the ``SubEnv`` contract, and what the start-up check
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -83,6 +84,11 @@ class LiberoSubEnv:
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=height, camera_widths=width,
                                       camera_names=sorted(set(self.cameras.values())))
         self.gripper_open_one = config["gripper"] == "open_one"
+        fraction = float(config.get("mesh_fraction", 1.0))
+        if fraction < 1.0:  # LIBERO rebuilds the scene from its XML at each reset: reduced from the first on
+            from envs.libero.low_poly_scene import low_poly_xml
+
+            self.env.env.set_xml_processor(functools.partial(low_poly_xml, fraction=fraction))
         self.reflections = bool(config.get("reflections", True))
         self.fixed_state = config["init_state"]
         self.next_state, self.stride = int(config["place"]), int(config["count"])

@@ -70,6 +70,20 @@ def test_episodes_go_through_the_official_initial_states_and_images_are_turned_u
 
 
 @slow
+def test_fewer_triangles_change_the_picture_a_little_and_the_physics_not_at_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBODIED_ASYNC_CACHE", str(tmp_path))  # the reduced meshes' cache (the child inherits it)
+    settings = {**config(image_size=[64, 64], mesh_fraction=0.25).child_config(), "place": 0, "count": 1}
+    seen = query("libero", "libero", "tests.support.libero_child_checks:scene_at_two_mesh_fractions", settings)
+    full, reduced = seen["full"], seen["reduced"]
+    assert reduced["triangles"] < 0.4 * full["triangles"]  # the scene's ~300,000: most are visual
+    for key in ("masses", "inertias", "state"):  # collision meshes and inertias untouched: the same episode
+        np.testing.assert_array_equal(reduced[key], full[key], err_msg=key)
+    difference = np.abs(reduced["image"].astype(int) - full["image"].astype(int))
+    assert 0 < difference.mean() < 8, difference.mean()  # the same picture, coarser outlines
+    assert list(tmp_path.glob("libero_low_poly/*.msh"))  # the scanned objects' copies, cached
+
+
+@slow
 def test_bad_names_are_refused_at_start_up_listing_the_valid_ones():
     with pytest.raises(ConfigError, match="env.suite='libero_nowhere' is not a LIBERO suite; the suites: .*goal"):
         config(suite="libero_nowhere").check()
@@ -78,6 +92,8 @@ def test_bad_names_are_refused_at_start_up_listing_the_valid_ones():
         config(task="fly").check()
     with pytest.raises(ConfigError, match="env.wrist_camera='hand' is not a camera of LIBERO's scenes"):
         config(wrist_camera="hand").check()
+    with pytest.raises(ConfigError, match=r"env.mesh_fraction=0 must be in \(0, 1\]; use 1.0 for the published scenes"):
+        config(mesh_fraction=0).check()
     with pytest.raises(ConfigError, match=f"env.init_state=50 is out of range: {FIRST_SPATIAL} has 50 initial "
                                           "states, 0 to 49"):
         config(init_state=50).check()
@@ -103,7 +119,7 @@ def hub_layout_dataset(root: str) -> str:
         for _ in range(2):
             frames = {key: rng.integers(0, 256, (4, *f["shape"]), dtype=np.uint8) if f["dtype"] == "video"
                       else rng.uniform(-1, 1, (4, *f["shape"])).astype(np.float32) for key, f in HUB_LAYOUT.items()}
-            writer.add_episode(frames, "pick up the black bowl between the plate and the ramekin and place it on the plate")
+            writer.add_episode(frames, FIRST_SPATIAL.replace("_", " "))
     return root
 
 

@@ -43,3 +43,24 @@ def reset_sequence_and_images(config):
         return {"plain": plain, "seeded": seeded, "fixed": fixed, **images}
     finally:
         sub.close()
+
+
+def scene_at_two_mesh_fractions(config):
+    """The same episode (initial state 0, ten random actions) with the full scene and with
+    ``config["mesh_fraction"]``: triangles drawn, bodies' masses and inertias, the final state, and
+    the agent view."""
+    seen = {}
+    for name, fraction in (("full", 1.0), ("reduced", config["mesh_fraction"])):
+        sub = LiberoSubEnv({**config, "settle_steps": 0, "mesh_fraction": fraction})
+        try:
+            sub.reset(seed=0)
+            rng = np.random.default_rng(0)
+            for _ in range(10):
+                sub.step(rng.uniform(-1, 1, 7))
+            model = sub.env.env.sim.model._model
+            seen[name] = {"triangles": int(model.mesh_facenum.sum()), "masses": model.body_mass.copy(),
+                          "inertias": model.body_inertia.copy(), "state": sub.env.env.sim.get_state().flatten(),
+                          "image": sub.observe()["main_images"][0]}
+        finally:
+            sub.close()
+    return seen
