@@ -20,9 +20,14 @@ CHILD_SERVER = "embodied_async.isolated.server"
 
 def child_simulator_pid(sid: int) -> int:
     for line in session_processes(sid):
-        _, pid, args = line.split(None, 2)
+        pid = int(line.split()[1])
+        try:  # the whole command line (ps cuts it to the width of a terminal, or 80 columns without one)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
         if CHILD_SERVER in args:
-            return int(pid)
+            return pid
     raise AssertionError("no LIBERO child process in the run's session:\n" + "\n".join(session_processes(sid)))
 
 
