@@ -204,6 +204,13 @@ def read_episodes(root: str) -> List[Dict[str, object]]:
     return rows
 
 
+def is_scalar(key: str, feature: dict) -> bool:
+    """Whether a number feature is stored one value per frame, not as a list: LeRobot's own
+    features (the frame's index, time, ...) and, as LeRobot types features, any of shape ``[1]``
+    (its datasets fail to load a list of one where the header says shape ``[1]``)."""
+    return key in DEFAULT_FEATURES or [int(s) for s in feature["shape"]] == [1]
+
+
 def data_columns(features: Dict[str, dict]):
     """(arrow schema, HF datasets' feature description) of the per-frame data files."""
     import pyarrow as pa
@@ -216,7 +223,7 @@ def data_columns(features: Dict[str, dict]):
             continue
         dtype, size = feature["dtype"], int(np.prod(feature["shape"]))
         value = {"dtype": dtype, "_type": "Value"}
-        if key in DEFAULT_FEATURES:
+        if is_scalar(key, feature):
             fields.append((key, arrow[dtype]))
             described[key] = value
         else:

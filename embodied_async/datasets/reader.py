@@ -169,7 +169,8 @@ class DatasetReader:
 
 
 def _column(table, key: str, feature: dict) -> np.ndarray:
-    """A column as numpy: ``[N]`` for one value per frame, ``[N, *shape]`` for a vector."""
+    """A column as numpy: ``[N]`` for LeRobot's own features (index, time, ...), ``[N, *shape]``
+    for the others, whether stored as lists or (shape ``[1]``, as LeRobot writes it) as values."""
     import pyarrow as pa
 
     column = table.column(key).combine_chunks()
@@ -179,4 +180,6 @@ def _column(table, key: str, feature: dict) -> np.ndarray:
         values = column.flatten().to_numpy(zero_copy_only=False)
         return values.reshape(len(column), *shape).astype(feature["dtype"], copy=False)
     values = column.to_numpy(zero_copy_only=False)
+    if key not in fmt.DEFAULT_FEATURES:
+        values = values.reshape(len(column), *shape)
     return values.astype(feature["dtype"], copy=False)

@@ -167,7 +167,8 @@ class DatasetWriter:
         schema, _ = fmt.data_columns(self.features)
         data = {k: np.concatenate(v) for k, v in self._numbers.items()}
         arrays = [pa.FixedSizeListArray.from_arrays(pa.array(data[f.name].reshape(-1)), f.type.list_size)
-                  if pa.types.is_fixed_size_list(f.type) else pa.array(data[f.name], type=f.type) for f in schema]
+                  if pa.types.is_fixed_size_list(f.type) else pa.array(data[f.name].reshape(-1), type=f.type)
+                  for f in schema]
         fmt.write_table(self.root, fmt.DATA_PATH.format(**location), pa.Table.from_arrays(arrays, schema=schema))
         fmt.write_table(self.root, fmt.EPISODES_PATH.format(**location), pa.Table.from_pylist(self._segment_rows))
         new_stats = [from_json({k: {n: row[f"stats/{k}/{n}"] for n in STAT_NAMES} for k in self.features})

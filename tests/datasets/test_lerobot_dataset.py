@@ -183,3 +183,42 @@ def test_a_hub_repo_id_offline_says_what_to_run(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(DatasetError, match="hf download someone/demos --repo-type dataset"):
         resolve_dataset("someone/demos")
+
+
+@pytest.mark.parametrize("shape, stored, described", [
+    ([1], "float", {"dtype": "float32", "_type": "Value"}),  # LeRobot stores shape (1,) as a value
+    ([3], "fixed_size_list<element: float>[3]", {"feature": {"dtype": "float32", "_type": "Value"}, "length": 3,
+                                                  "_type": "List"}),
+])
+def test_a_feature_is_stored_as_lerobots_feature_typing_says(tmp_path, shape, stored, described):
+    """LeRobot types a feature of shape (1,) as a value and a longer vector as a list (its
+    datasets fail to load a list of one where info.json says (1,): 'Couldn't cast array of type
+    fixed_size_list<element: float>[1] to float'); each is read back as [N, *shape]."""
+    root = str(tmp_path / "one_value")
+    values = np.arange(5 * int(np.prod(shape)), dtype=np.float32).reshape(5, *shape)
+    features = {"observation.state": {"dtype": "float32", "shape": shape}, "action": {"dtype": "float32", "shape": [2]}}
+    with DatasetWriter(root, 10, features) as writer:
+        writer.add_episode({"observation.state": values, "action": np.zeros((5, 2), np.float32)}, "hold")
+    table = pq.read_table(os.path.join(root, "data", "chunk-000", "file-000.parquet"))
+    assert str(table.schema.field("observation.state").type) == stored
+    hf = json.loads(table.schema.metadata[b"huggingface"])["info"]["features"]
+    assert hf["observation.state"] == described
+    np.testing.assert_array_equal(DatasetReader(root).numbers["observation.state"], values)
+
+
+def test_a_one_value_feature_written_as_a_list_of_one_still_reads(tmp_path):
+    """Datasets written before (a list of one per frame) read as before."""
+    import pyarrow as pa
+
+    root = str(tmp_path / "older")
+    values = np.arange(5, dtype=np.float32).reshape(5, 1)
+    features = {"observation.state": {"dtype": "float32", "shape": [1]}, "action": {"dtype": "float32", "shape": [2]}}
+    with DatasetWriter(root, 10, features) as writer:
+        writer.add_episode({"observation.state": values, "action": np.zeros((5, 2), np.float32)}, "hold")
+    path = os.path.join(root, "data", "chunk-000", "file-000.parquet")
+    table = pq.read_table(path)
+    as_list = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), 1)
+    column = table.schema.get_field_index("observation.state")
+    pq.write_table(table.set_column(column, "observation.state", as_list), path)
+    assert pa.types.is_fixed_size_list(pq.read_table(path).schema.field("observation.state").type)
+    np.testing.assert_array_equal(DatasetReader(root).numbers["observation.state"], values)
