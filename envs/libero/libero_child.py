@@ -84,12 +84,12 @@ class LiberoSubEnv:
         self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=height, camera_widths=width,
                                       camera_names=sorted(set(self.cameras.values())))
         self.gripper_open_one = config["gripper"] == "open_one"
-        fraction = float(config.get("mesh_fraction", 1.0))
+        fraction = float(config["mesh_fraction"])
         if fraction < 1.0:  # LIBERO rebuilds the scene from its XML at each reset: reduced from the first on
             from envs.libero.low_poly_scene import low_poly_xml
 
             self.env.env.set_xml_processor(functools.partial(low_poly_xml, fraction=fraction))
-        self.reflections = bool(config.get("reflections", True))
+        self.reflections = bool(config["reflections"])
         self.fixed_state = config["init_state"]
         self.next_state, self.stride = int(config["place"]), int(config["count"])
         self.steps, self.obs = 0, None
@@ -105,7 +105,7 @@ class LiberoSubEnv:
         self.obs = self.env.set_init_state(self.init_states[index])
         for _ in range(self.settle_steps):
             self.obs, _, _, _ = self.env.step(NO_OP)
-        self.steps, self.init_state = 0, index
+        self.steps = 0
 
     def _turn_off_reflections(self) -> None:
         import mujoco

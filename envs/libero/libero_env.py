@@ -51,7 +51,6 @@ class LiberoEnv(SerialEnv):
             action_low=self.action_low.tolist(), action_high=self.action_high.tolist(), instruction=self.instruction,
             reports_success=True, reports_fail=False, control_hz=CONTROL_HZ, tasks=env_cfg.sub_env_tasks(int(num_envs)))
 
-
     def reset(self, seed: ResetSeed = None) -> EnvOutput:
         """An int ``seed`` starts the sub-env at place ``k`` among its task's sub-envs from initial
         state ``seed + k``: ``seed=0`` runs each task's states 0, 1, 2, ... as the published

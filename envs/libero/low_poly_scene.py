@@ -23,17 +23,13 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from envs.cache import cache_folder
+
 # Bump when the way meshes are reduced changes: the cache key includes it.
 FORMAT_VERSION = 1
 # Meshes this small (screws, handles) are kept whole: reducing them saves nothing and can erase them.
 MIN_FACES_TO_REDUCE = 500
 STL_HEADER_BYTES, STL_TRIANGLE_BYTES = 84, 50
-
-
-def cache_root() -> Path:
-    """``$EMBODIED_ASYNC_CACHE`` or ``~/.cache/embodied_async``, then ``libero_low_poly``."""
-    base = os.environ.get("EMBODIED_ASYNC_CACHE") or os.path.join(Path.home(), ".cache", "embodied_async")
-    return Path(base) / "libero_low_poly"
 
 
 def low_poly_xml(xml: str, fraction: float, root: Optional[Path] = None) -> str:
@@ -64,7 +60,7 @@ def reduced_copy(source: Path, fraction: float, root: Optional[Path] = None) -> 
     key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{fraction!r}|{FORMAT_VERSION}".encode())
     # a .msh stays a .msh (MuJoCo reads its texture coordinates as they are, an OBJ's flipped)
     suffix = ".msh" if source.suffix.lower() == ".msh" else ".obj"
-    target = (root or cache_root()) / f"{source.stem}-{key.hexdigest()[:16]}{suffix}"
+    target = (root or cache_folder("libero_low_poly")) / f"{source.stem}-{key.hexdigest()[:16]}{suffix}"
     if target.is_file():
         return target
     mesh = READERS[source.suffix.lower()](source)

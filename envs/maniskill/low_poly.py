@@ -23,16 +23,12 @@ from typing import Optional
 
 import numpy as np
 
+from envs.cache import cache_folder
+
 # Bump when the way meshes are reduced changes: the cache key includes it.
 FORMAT_VERSION = 2
 # Parts this small (screws, decals) are kept whole: reducing them saves nothing and can erase them.
 MIN_FACES_TO_REDUCE = 200
-
-
-def cache_root() -> Path:
-    """``$EMBODIED_ASYNC_CACHE`` or ``~/.cache/embodied_async``, then ``low_poly_robots``."""
-    base = os.environ.get("EMBODIED_ASYNC_CACHE") or os.path.join(Path.home(), ".cache", "embodied_async")
-    return Path(base) / "low_poly_robots"
 
 
 def low_poly_urdf(urdf_path: str, fraction: float, root: Optional[Path] = None) -> Path:
@@ -46,7 +42,7 @@ def low_poly_urdf(urdf_path: str, fraction: float, root: Optional[Path] = None) 
         raise FileNotFoundError(f"robot URDF not found: {source}")
     text = source.read_bytes()
     key = hashlib.sha256(text + f"|{fraction!r}|{FORMAT_VERSION}".encode()).hexdigest()[:16]
-    target = (root or cache_root()) / f"{source.stem}-{key}"
+    target = (root or cache_folder("low_poly_robots")) / f"{source.stem}-{key}"
     urdf = target / source.name
     if urdf.is_file():
         return urdf

@@ -33,31 +33,42 @@ def component_pid(sid: int, class_name: str) -> int:
     raise AssertionError(f"no ray::{class_name} process in session {sid}:\n" + "\n".join(session_processes(sid)))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("component", list(COMPONENTS))
-def test_sigkill_of_a_component_ends_the_run_and_keeps_the_checkpoint(tmp_path, component):
-    log_path = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, ENTRY, *SMALL_CLI, "runner.max_steps=1000", "runner.save_interval=1",
-                             f"runner.logger.log_path={log_path}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+def sigkill_mid_run(args, marker: str, timeout: float, victim) -> tuple:
+    """``train_async.py args`` in a session of its own; once ``marker`` is printed, SIGKILL the
+    process ``victim(session id)`` names -> (the process, its whole output, seconds it took to end)."""
+    proc = subprocess.Popen([sys.executable, ENTRY, *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        seen = wait_for_line(proc, "step 3/", timeout=300)
-        os.kill(component_pid(proc.pid, COMPONENTS[component]), signal.SIGKILL)
+        seen = wait_for_line(proc, marker, timeout=timeout)
+        os.kill(victim(proc.pid), signal.SIGKILL)
         killed = time.monotonic()
-        rest, _ = proc.communicate(timeout=90)
+        rest, _ = proc.communicate(timeout=120)
         ended_after = time.monotonic() - killed
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    output = "".join(seen) + rest
+    return proc, "".join(seen) + rest, ended_after
+
+
+def assert_no_process_left(sid: int) -> None:
+    deadline = time.monotonic() + 20
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not session_processes(sid), session_processes(sid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", list(COMPONENTS))
+def test_sigkill_of_a_component_ends_the_run_and_keeps_the_checkpoint(tmp_path, component):
+    log_path = tmp_path / "run"
+    proc, output, ended_after = sigkill_mid_run(
+        [*SMALL_CLI, "runner.max_steps=1000", "runner.save_interval=1", f"runner.logger.log_path={log_path}"],
+        "step 3/", 300, lambda sid: component_pid(sid, COMPONENTS[component]))
     print(f"[drill] {component}: run ended {ended_after:.1f}s after SIGKILL, exit {proc.returncode}")
     assert proc.returncode not in (0, None), output[-3000:]
     assert ended_after < 60, f"took {ended_after:.1f}s to end"
     assert re.search(rf"{component}\[\d+\]\.\w+ failed", output), output[-3000:]  # e.g. "env[1].run failed"
-    deadline = time.monotonic() + 20
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not session_processes(proc.pid), session_processes(proc.pid)
+    assert_no_process_left(proc.pid)
 
     with open(log_path / "checkpoints" / "latest") as f:
         checkpoint = log_path / "checkpoints" / f.read().strip()

@@ -19,7 +19,8 @@ SMALL_CLI = ["env.num_envs=4", "env.max_episode_steps=10", "rollout.num_steps=8"
 
 
 def session_processes(sid: int) -> list:
-    out = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    # -ww: whole command lines (without a terminal, as in CI, ps cuts them to 80 columns)
+    out = subprocess.run(["ps", "-ww", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.split() and line.split()[0] == str(sid)]
 
 

@@ -3,15 +3,10 @@ an update through the whole graph, then a child simulator killed, which ends the
 any env worker's death."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from conftest import REPO_ROOT
-from test_interrupt_resume import ENTRY, session_processes, wait_for_line
+from test_failure_drills import assert_no_process_left, sigkill_mid_run
+from test_interrupt_resume import session_processes
 
 pytestmark = pytest.mark.slow  # Ray, worker processes and LIBERO scenes in child processes
 
@@ -20,35 +15,19 @@ CHILD_SERVER = "embodied_async.isolated.server"
 
 def child_simulator_pid(sid: int) -> int:
     for line in session_processes(sid):
-        pid = int(line.split()[1])
-        try:  # the whole command line (ps cuts it to the width of a terminal, or 80 columns without one)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+        _, pid, args = line.split(None, 2)
         if CHILD_SERVER in args:
-            return pid
+            return int(pid)
     raise AssertionError("no LIBERO child process in the run's session:\n" + "\n".join(session_processes(sid)))
 
 
 def test_the_tiny_recipe_updates_on_a_libero_task_and_a_dead_child_simulator_ends_the_run(tmp_path):
     log_path = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, ENTRY, "--config-name", "libero_async_ppo_openvla_tiny",
-                             "runner.max_steps=1000", "runner.val_check_interval=0",
-                             f"runner.logger.log_path={log_path}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        seen = wait_for_line(proc, "step 1/", timeout=420)
-        with open(log_path / "metrics.jsonl") as f:
-            first = json.loads(f.readline())
-        os.kill(child_simulator_pid(proc.pid), signal.SIGKILL)
-        killed = time.monotonic()
-        rest, _ = proc.communicate(timeout=120)
-        ended_after = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = "".join(seen) + rest
+    proc, output, ended_after = sigkill_mid_run(
+        ["--config-name", "libero_async_ppo_openvla_tiny", "runner.max_steps=1000", "runner.val_check_interval=0",
+         f"runner.logger.log_path={log_path}"], "step 1/", 420, child_simulator_pid)
+    with open(log_path / "metrics.jsonl") as f:
+        first = json.loads(f.readline())
     # the update: 2 sub-envs x 8 decisions of the tiny OpenVLA on the LIBERO task, trained on
     assert first["step"] == 1 and first["env_steps"] >= 16
     for key in ("train/actor/policy_loss", "train/critic/value_loss", "train/actor/grad_norm"):
@@ -57,7 +36,4 @@ def test_the_tiny_recipe_updates_on_a_libero_task_and_a_dead_child_simulator_end
     assert ended_after < 60, f"took {ended_after:.1f}s to end"
     assert "a worker failed, stopping the run" in output and "env[0]" in output, output[-3000:]
     assert "the libero simulator's child process ended (exit code -9); it was killed" in output, output[-3000:]
-    deadline = time.monotonic() + 20
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not session_processes(proc.pid), session_processes(proc.pid)
+    assert_no_process_left(proc.pid)
