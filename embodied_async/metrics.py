@@ -1,4 +1,5 @@
-"""Metric sinks: metrics.jsonl (one object per training step), TensorBoard, a progress line."""
+"""Metric sinks: metrics.jsonl (one object per training step), the experiment trackers
+(``trackers.py``: TensorBoard, wandb, swanlab), a progress line."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import math
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
+
+from embodied_async.trackers import close_trackers, open_trackers
 
 # Per-episode means of the env workers: pooled weighted by each worker's finished episodes.
 EPISODE_MEANS = ("env/success_rate", "env/episode_return", "env/episode_len")
@@ -30,44 +33,35 @@ def pool_env_metrics(parts: List[Dict[str, float]], interval_s: float) -> Dict[s
 
 
 class MetricLogger:
-    def __init__(self, log_path: str, tensorboard: bool = True):
+    """``<log_path>/metrics.jsonl`` (one object per training step) and the trackers of ``backends``
+    (``runner.logger.backends``, ``embodied_async.trackers``), each given every record, the
+    evaluation videos and, once at start, ``run_config`` (the run's resolved config as plain data)."""
+
+    def __init__(self, log_path: str, backends: Sequence[str] = ("tensorboard",), project: str = "embodied_async",
+                 run_config: Optional[Dict] = None):
         os.makedirs(log_path, exist_ok=True)
         self.path = os.path.join(log_path, "metrics.jsonl")
         self._file = open(self.path, "a", buffering=1)
-        self._writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(os.path.join(log_path, "tensorboard"))
+        try:
+            self._trackers = open_trackers(backends, log_path, project, run_config)
+        except BaseException:
+            self._file.close()
+            raise
 
     def log(self, record: Dict[str, float]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
-        if self._writer is not None:
-            step = int(record["step"])
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._writer.add_scalar(key, value, step)
+        for tracker in self._trackers:
+            tracker.log(record)
 
     def log_videos(self, videos, step: int, fps: int = 10) -> None:
-        """Evaluation episodes as animated images in TensorBoard's Images tab (what its
-        ``add_video`` makes, without the moviepy dependency it needs for that)."""
-        if self._writer is None:
-            return
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        for index, video in enumerate(videos):
-            height, width = video.frames.shape[1:3]
-            image = Summary.Image(height=height, width=width, colorspace=3,
-                                  encoded_image_string=animated_gif(video.frames, fps))
-            tag = f"eval_video/{video.file_stem(index)}"
-            self._writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-        self._writer.flush()
+        """Evaluation episodes (``evaluation.EpisodeVideo``) at the step whose policy they show."""
+        for tracker in self._trackers:
+            tracker.log_videos(videos, step, fps)
 
     def close(self) -> None:
         self._file.close()
-        if self._writer is not None:
-            self._writer.close()
+        close_trackers(self._trackers)
 
 
 def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[float]) -> str:
@@ -83,18 +77,6 @@ def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[
 
 def print_progress(line: str) -> None:
     print(line, file=sys.stdout, flush=True)
-
-
-def animated_gif(frames, fps: int) -> bytes:
-    """uint8 frames ``[T, H, W, 3]`` -> the bytes of a looping GIF."""
-    import io
-
-    from PIL import Image
-
-    images = [Image.fromarray(frame) for frame in frames]
-    buffer = io.BytesIO()
-    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    return buffer.getvalue()
 
 
 def read_metrics(log_path: str) -> List[Dict]:

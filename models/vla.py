@@ -39,6 +39,22 @@ def inject_lora(model: nn.Module, roots: Sequence[nn.Module], rank: int, alpha: 
         param.requires_grad_("lora_" in name)
 
 
+def merge_lora(model: nn.Module) -> int:
+    """Fold every LoRA adapter of ``model`` into its base linear layer and put the plain layer
+    back in its place (what an exported checkpoint holds: the base architecture's tensor names,
+    no adapter tensors); returns how many layers were merged."""
+    from peft.tuners.lora import LoraLayer
+
+    merged = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge(safe_merge=True)  # safe_merge: refuse non-finite merged weights
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, module.get_base_layer())
+            merged += 1
+    return merged
+
+
 def make_tiny_once(path: str, make: Callable[[str], None]) -> None:
     """Make the tiny random checkpoint at ``path`` with ``make(folder)`` unless it is there (once,
     whichever worker asks first)."""

@@ -104,7 +104,7 @@ def run_recipe_arm(args, arm: str, seed: int, log_path: str) -> Dict:
                  "runner.eval_pauses_training=true", f"runner.eval_episodes={args.eval_episodes}",
                  "runner.eval_num_envs=8", f"runner.eval_stop_once_below_target={not args.full_evaluations}",
                  f"runner.save_interval={0 if arm != 'async' else 1000000}",
-                 "runner.logger.tensorboard=false"]
+                 "runner.logger.backends=[]"]
     records = train(args.config, overrides, log_path)
     curve = recipe_curve(records)
     trained = [r for r in records if "train_time_s" in r]

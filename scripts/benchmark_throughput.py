@@ -242,7 +242,7 @@ def time_recipe_to_success(args, seed: int, out_dir: str, eval_beside_training: 
                  f"runner.stop_at_eval_success={args.to_success}", f"runner.val_check_interval={args.eval_every}",
                  f"runner.eval_pauses_training={not eval_beside_training}", f"runner.eval_episodes={EVAL_EPISODES}",
                  "runner.eval_num_envs=8", "runner.save_interval=0",
-                 "runner.logger.tensorboard=false"]
+                 "runner.logger.backends=[]"]
     return time_to_success(run_recipe(args.config, overrides, os.path.join(out_dir, name)), args.to_success)
 
 
@@ -341,7 +341,7 @@ def main() -> None:
                     "pipeline_stages": topology.stages, "num_envs": cfg.env.num_envs, "phases": {}}
     phases = report["phases"]
     common = [f"runner.max_env_steps={args.env_steps}", "runner.max_steps=1000000", "runner.val_check_interval=0",
-              "runner.save_interval=0", "runner.logger.tensorboard=false"]
+              "runner.save_interval=0", "runner.logger.backends=[]"]
     if args.resume:
         args.skip = [*args.skip, "local_sync"]
         from embodied_async.run_folder import read_runner_state
@@ -350,7 +350,7 @@ def main() -> None:
         per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
         updates = -(-args.env_steps // per_update)
         common = [f"runner.resume_dir={os.path.abspath(args.resume)}", f"runner.max_steps={resumed['step'] + updates}",
-                  "runner.val_check_interval=0", "runner.save_interval=0", "runner.logger.tensorboard=false"]
+                  "runner.val_check_interval=0", "runner.save_interval=0", "runner.logger.backends=[]"]
         report["resumed_from"] = {"checkpoint": args.resume, "step": resumed["step"], "env_steps": resumed["env_steps"]}
     runs = {"ray_sync": ["algorithm.staleness_threshold=0"], "ray_async": [],
             "ray_async_relayed": ["cluster.channel_transport=ray"]}

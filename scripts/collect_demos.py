@@ -2,7 +2,7 @@
 a trained teacher, recorded as the env's cameras, states and the executed actions.
 
     python scripts/collect_demos.py ENV_YAML_OR_RECIPE --source {scripted,teacher:<checkpoint>}
-        --episodes N --out DATASET_DIR [--num-workers W] [--codec av1|h264] [--keep-failures]
+        --episodes N --out DATASET_DIR [--num-workers W] [--codec av1|h264] [--keep-failures] [--push-to-hub REPO_ID]
         [--seed S] [key=value ...]
 
 ENV_YAML_OR_RECIPE: an env yaml of configs/env/ (e.g. maniskill_pushcube_rgb) or a recipe of
@@ -45,6 +45,7 @@ sys.path.insert(0, REPO_ROOT)
 import envs  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
 from embodied_async.config import ConfigError  # noqa: E402
 from embodied_async.datasets.batches import CONVENTIONAL_KEYS  # noqa: E402
+from embodied_async.hub import add_push_arguments  # noqa: E402
 
 DEFAULT_RECIPE = "maniskill_async_ppo_mlp"  # the recipe an env yaml is composed into
 # dataset key of each observation the dataset records, and of the actions (LeRobot's names)
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     args = _parse(argv)
     try:
         plan = make_plan(args)
-        return collect(plan, args)
+        code = collect(plan, args)
     except (CollectError, ConfigError) as err:
         one_line = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
         print(f"collect error: {one_line}", file=sys.stderr, flush=True)
@@ -77,6 +78,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # before the workers started: nothing collected yet
         print("[collect] stopped by Ctrl-C", file=sys.stderr, flush=True)
         return 130
+    if code == 0 and args.push_to_hub:  # only a finished collection: a partial one stays local
+        from embodied_async.hub import push_and_report
+
+        return push_and_report(args.out, args.push_to_hub, "dataset", not args.public, "collect")
+    return code
 
 
 def _parse(argv):
@@ -92,6 +98,7 @@ def _parse(argv):
     parser.add_argument("--seed", type=int, default=0, help="episode k runs with seed + k (default: 0)")
     parser.add_argument("--max-attempts", type=int, default=None,
                         help="give up after this many episodes (default: 10 x --episodes + 10)")
+    add_push_arguments(parser, "dataset")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. env.image_size=[64,64]")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     if args.episodes < 1 or args.num_workers < 1:

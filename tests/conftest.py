@@ -60,7 +60,7 @@ def build_config(tmp_path, *overrides: str):
         if names and names[-1] != base[section]["name"]:
             base[section] = dict(keep)
     cfg = OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(
-        [f"runner.logger.log_path={tmp_path}/logs", "runner.logger.tensorboard=true", *overrides]))
+        [f"runner.logger.log_path={tmp_path}/logs", "runner.logger.backends=[tensorboard]", *overrides]))
     return to_train_config(cfg)
 
 

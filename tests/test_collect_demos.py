@@ -64,6 +64,18 @@ def test_scripted_episodes_of_an_rgb_env_are_read_back(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_push_to_the_hub_without_network_fails_in_one_line_and_leaves_the_dataset_complete(tmp_path):
+    out = tmp_path / "pushcube"
+    proc = run("maniskill_pushcube", "--source", "scripted", "--episodes", 1, "--out", out, "--num-workers", 1,
+               "--push-to-hub", "someone/pushcube-demos")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("collect error")]
+    assert len(errors) == 1 and "dataset repo 'someone/pushcube-demos'" in errors[0] and "offline" in errors[0]
+    assert "--repo-type dataset" in errors[0]
+    assert DatasetReader(str(out)).num_episodes == 1  # written and sealed before the push was tried
+
+
+@pytest.mark.slow
 def test_a_state_trained_teacher_acts_on_privileged_states_while_the_dataset_records_images(tmp_path):
     teacher = make_teacher(str(tmp_path / "run"))  # state-mode PushCube, pd_joint_delta_pos
     out = tmp_path / "teacher"

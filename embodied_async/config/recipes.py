@@ -116,7 +116,22 @@ def checkpoint_config(checkpoint: str, overrides: Sequence[str] = ()):
         raw = load_run_config(checkpoint)
     except CheckpointError as err:
         raise ConfigError(str(err)) from None
+    _saved_logger_choice(raw)
     return apply_overrides(raw, overrides) if overrides else raw
+
+
+def _saved_logger_choice(raw) -> None:
+    """A run saved before ``runner.logger.backends`` chose TensorBoard with a switch: its choice,
+    in today's key (a user is refused the old key; a saved config is read as it was meant)."""
+    from omegaconf import open_dict
+
+    logger = raw.get("runner", {}).get("logger")
+    if logger is None or logger.get("tensorboard") is None:
+        return
+    with open_dict(raw):
+        enabled = bool(logger.pop("tensorboard"))
+        if "backends" not in logger:
+            logger.backends = ["tensorboard"] if enabled else []
 
 
 def model_family(target: str) -> str:
@@ -145,7 +160,10 @@ def model_config(target: str, recipe: Optional[str], overrides: Sequence[str] = 
         recipe = family_config("model", family).default_recipe
         if recipe is None:
             raise ConfigError(f"{target}: the '{family}' policy family names no default recipe; pass one")
-    return compose_recipe(recipe, [f"model.path={target}", "model.tiny_random_init=false", *overrides])
+    raw = compose_recipe(recipe, [f"model.path={target}", *overrides])
+    if "tiny_random_init" in raw.model:  # the folder is the model: nothing to make there
+        raw.model.tiny_random_init = False
+    return raw
 
 
 def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[str] = None

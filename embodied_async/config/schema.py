@@ -205,6 +205,10 @@ class ModelConfig:
     # parts of recipe names this family's recipes no longer use, and what stands there now: a
     # recipe named the old way is refused naming the new name
     renamed_recipe_parts: ClassVar[Dict[str, str]] = {}
+    # "module:callable" writing a trained policy in the family's own published format
+    # (``embodied_async.export.ExportRequest -> ExportResult``, scripts/export.py); None: the
+    # family has none, and an export is refused naming it
+    exporter: ClassVar[Optional[str]] = None
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
@@ -219,6 +223,11 @@ class ModelConfig:
         before any worker starts, into the hub's cache, where the workers find it; the config keeps
         naming the repo (checkpoints and the saved config say where the weights came from). Raise
         ``FileNotFoundError`` naming the repo and the download command when that is not possible."""
+
+    def checkpoint_folder(self) -> Optional[str]:
+        """The local folder of the checkpoint the policy is built on (a hub id's copy in the cache),
+        for an export to take the base's files from; None for a family that has none."""
+        return None
 
     def memory_estimate(self, workload) -> Optional[Dict[str, Dict[str, float]]]:
         """GPU bytes per item for ``runner.dry_run``: ``{"rollout": {...}, "actor": {...},
@@ -379,8 +388,23 @@ class SupervisedConfig:
 
 @dataclass
 class LoggerConfig:
+    """Where a run's metrics go: always ``<log_path>/metrics.jsonl``, and to each tracker of
+    ``backends`` (``embodied_async.trackers``)."""
+
+    # the trackers a run may name; each is also the Python package it needs
+    known_backends: ClassVar[Tuple[str, ...]] = ("tensorboard", "wandb", "swanlab")
+
     log_path: str = "logs/default"
-    tensorboard: bool = True
+    # trackers beside metrics.jsonl, each given the same scalars, the evaluation videos and this
+    # config: any of known_backends ([]: metrics.jsonl only). wandb and swanlab without credentials
+    # write offline under log_path (wandb/, swanlog/), to be uploaded later with their sync command.
+    backends: List[str] = field(default_factory=lambda: ["tensorboard"])
+    # the wandb / swanlab project the run goes to (letters, digits and _ - + . : a name both accept);
+    # the run's name there is the last folder of log_path
+    project: str = "embodied_async"
+    # the former switch (true is backends [tensorboard], false is []): kept only so that a config
+    # still naming it composes and is refused at start-up, naming backends
+    tensorboard: Optional[bool] = None
 
 
 @dataclass

@@ -7,6 +7,8 @@ class of the family they name (``embodied_async.registry``).
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import sys
 from typing import Any, Dict, Optional, Tuple
 
@@ -19,6 +21,7 @@ from embodied_async.config.schema import (
     LOGPROB_TYPES,
     PRECISIONS,
     RUNNER_MODES,
+    LoggerConfig,
     TrainConfig,
     mode_only_keys,
     schema_default,
@@ -159,6 +162,8 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
         _check_demonstrations(cfg, topology.actor_world_size)
     _check_tasks(cfg, None if evaluation else topology)
     _check_python_env(cfg)
+    if not evaluation:  # a process that only evaluates logs to no tracker
+        _check_logger(cfg)
     for section in FAMILY_SECTIONS:
         family_cfg = getattr(cfg, section)
         # each task of env.tasks checked on its own; without them, the one config
@@ -249,6 +254,26 @@ def _check_tasks(cfg: TrainConfig, topology: Optional[Topology]) -> None:
     require(cfg.runner.eval_num_envs % len(tasks) == 0,
             f"runner.eval_num_envs={cfg.runner.eval_num_envs} must be a multiple of the {len(tasks)} env.tasks, "
             "so the evaluation scores every task alike")
+
+
+def _check_logger(cfg: TrainConfig) -> None:
+    """``runner.logger``: not the former switch, known trackers, each installed (found without
+    importing it: the config layer stays light), a project name both wandb and swanlab accept."""
+    logger, known = cfg.runner.logger, LoggerConfig.known_backends
+    require(logger.tensorboard is None,
+            f"runner.logger.tensorboard is replaced by runner.logger.backends, a list of {', '.join(known)} ([]: "
+            f"metrics.jsonl only): write runner.logger.backends={'[tensorboard]' if logger.tensorboard else '[]'}")
+    for name in logger.backends:
+        require(name in known, f"runner.logger.backends={list(logger.backends)}: unknown tracker {name!r}; use any "
+                               f"of: {', '.join(known)} (or [] for metrics.jsonl only)")
+        require(importlib.util.find_spec(name) is not None,
+                f"runner.logger.backends names {name}, but the {name} package is not installed: run "
+                f".venv/bin/pip install {name} (or remove it from runner.logger.backends)")
+    require(len(set(logger.backends)) == len(logger.backends),
+            f"runner.logger.backends={list(logger.backends)} names a tracker twice; list each once")
+    require(re.fullmatch(r"[0-9A-Za-z_\-+.]{1,100}", logger.project) is not None,
+            f"runner.logger.project={logger.project!r}: use 1-100 letters, digits and _ - + . (what both wandb "
+            "and swanlab accept), e.g. embodied_async")
 
 
 def _check_python_env(cfg: TrainConfig) -> None:

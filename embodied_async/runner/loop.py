@@ -6,6 +6,7 @@ for its graph and its step, and owns what every run does around them: stopping (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -262,7 +263,9 @@ class Runner:
 
     def run(self) -> Dict[str, float]:
         """Train to ``runner.max_steps``; saves the last completed step on a normal end and on Ctrl-C."""
-        logger = MetricLogger(self.log_path, self.cfg.runner.logger.tensorboard)
+        logger_cfg = self.cfg.runner.logger
+        # the trackers record the resolved config (every default filled in) as plain data
+        logger = MetricLogger(self.log_path, logger_cfg.backends, logger_cfg.project, dataclasses.asdict(self.cfg))
         try:
             self._start()
             self._train(logger)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, List, Optional
+from typing import ClassVar, Dict, List, Optional
 
 from embodied_async.config.checks import bound
-from models.mlp.configuration_mlp import MLPConfig
+from models.mlp.configuration_mlp import PUBLISHED_FORMAT, MLPConfig
 
 
 @dataclass
@@ -18,8 +18,15 @@ class CNNConfig(MLPConfig):
     cnn_channels: List[int] = field(default_factory=lambda: [16, 32, 32])
     cnn_feature_dim: int = 256
 
-    builder: ClassVar[str] = "models.cnn.modeling_cnn:CNNPolicy"
+    builder: ClassVar[str] = "models.cnn.modeling_cnn:build_cnn_policy"
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_cnn"
+
+    default_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_cnn"
+
+    @classmethod
+    def recognizes(cls, target: str, config: Optional[Dict]) -> bool:
+        """A folder scripts/export.py wrote for this family."""
+        return bool(config) and config.get("format") == PUBLISHED_FORMAT and config.get("family") == "cnn"
 
     def check(self) -> None:
         super().check()

@@ -115,3 +115,12 @@ class CNNPolicy(nn.Module):
     def set_input_statistics(self, stats) -> None:
         if self.normalizer is not None and "states" in stats:
             set_running_norm(self.normalizer, stats["states"])
+
+
+def build_cnn_policy(cfg, env_spec: EnvSpec) -> CNNPolicy:
+    """The family's builder: a fresh policy, or (``model.path``) one exported by scripts/export.py."""
+    if cfg.path:
+        from models.mlp.published import build_from_folder
+
+        return build_from_folder(CNNPolicy, cfg, env_spec)
+    return CNNPolicy(cfg, env_spec)

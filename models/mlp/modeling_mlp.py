@@ -80,3 +80,12 @@ class MLPPolicy(nn.Module):
     def set_input_statistics(self, stats) -> None:
         if self.normalizer is not None and "states" in stats:
             set_running_norm(self.normalizer, stats["states"])
+
+
+def build_mlp_policy(cfg, env_spec: EnvSpec) -> MLPPolicy:
+    """The family's builder: a fresh policy, or (``model.path``) one exported by scripts/export.py."""
+    if cfg.path:
+        from models.mlp.published import build_from_folder
+
+        return build_from_folder(MLPPolicy, cfg, env_spec)
+    return MLPPolicy(cfg, env_spec)

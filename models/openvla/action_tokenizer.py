@@ -125,8 +125,9 @@ def _bounds(stats: Mapping[str, Any], action_dim: int) -> Tuple[np.ndarray, np.n
     return low, high, mask
 
 
-def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None) -> Mapping[str, Any]:
-    """Returns ``norm_stats[unnorm_key]['action']``.
+def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None,
+                     whole_entry: bool = False) -> Mapping[str, Any]:
+    """Returns ``norm_stats[unnorm_key]['action']`` (``whole_entry``: ``norm_stats[unnorm_key]``).
 
     With ``unnorm_key=None`` the single dataset is used when there is exactly one; otherwise, and
     for an unknown key, raises ``ValueError`` listing the available keys so the caller can fix it.
@@ -141,7 +142,7 @@ def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = 
         unnorm_key = next(iter(norm_stats))
     if unnorm_key not in norm_stats:
         raise ValueError(f"unnorm_key {unnorm_key!r} is not in norm_stats; available keys: {available}")
-    return norm_stats[unnorm_key]["action"]
+    return norm_stats[unnorm_key] if whole_entry else norm_stats[unnorm_key]["action"]
 
 
 def action_dim(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None) -> int:

@@ -10,7 +10,7 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 
 from embodied_async.config.checks import bound, choice
 from embodied_async.config.schema import ModelConfig
-from models.checkpoints import check_checkpoint_path, fetch_checkpoint
+from models.checkpoints import check_checkpoint_path, fetch_checkpoint, resolve_checkpoint
 from models.configuration_lora import LoraConfig
 
 
@@ -50,6 +50,7 @@ class OpenVLAPolicyConfig(ModelConfig):
     builder: ClassVar[str] = "models.openvla.policy_openvla:build_openvla_policy"
     logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level", "token_level")
     cpu_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla_tiny"
+    exporter: ClassVar[Optional[str]] = "models.openvla.export:export_openvla"
     memory_model: ClassVar[Optional[str]] = "models.openvla.memory"
     default_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_openvla"
 
@@ -75,6 +76,9 @@ class OpenVLAPolicyConfig(ModelConfig):
               "must be a multiple of the 14 px patch, at least 28", "use 224 or 112")
         self.lora.check("model.lora")
         self._check_path()
+
+    def checkpoint_folder(self) -> Optional[str]:
+        return resolve_checkpoint(self.path, "the OpenVLA")
 
     def fetch(self) -> None:
         fetch_checkpoint(self.path, self.tiny_random_init, "the OpenVLA")

@@ -10,7 +10,7 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 
 from embodied_async.config.checks import bound, choice, require
 from embodied_async.config.schema import ModelConfig
-from models.checkpoints import check_checkpoint_path, fetch_checkpoint
+from models.checkpoints import check_checkpoint_path, fetch_checkpoint, resolve_checkpoint
 from models.configuration_lora import LoraConfig
 
 # how an action chunk is drawn (models/pi0/chain.py): deterministic ODE, an SDE, or noise added by a head
@@ -78,6 +78,7 @@ class Pi0PolicyConfig(ModelConfig):
     memory_model: ClassVar[Optional[str]] = "models.pi0.memory"
     default_recipe: ClassVar[Optional[str]] = "maniskill_async_ppo_pi0"
     renamed_recipe_parts: ClassVar[Dict[str, str]] = {"_openpi": "_pi0"}  # recipes are named by family
+    exporter: ClassVar[Optional[str]] = "models.pi0.export:export_pi0"  # LeRobot's Pi0 policy layout
 
 
     @classmethod
@@ -86,6 +87,9 @@ class Pi0PolicyConfig(ModelConfig):
         if config is not None:
             return config.get("type") == "pi0"
         return "pi0" in target.lower()
+
+    def checkpoint_folder(self) -> Optional[str]:
+        return resolve_checkpoint(self.path, "the Pi0")
 
     def fetch(self) -> None:
         fetch_checkpoint(self.path, self.tiny_random_init, "the Pi0")

@@ -26,6 +26,11 @@ import torch
 import torch.nn.functional as F
 
 PREPROCESSOR_FILE, POSTPROCESSOR_FILE = "policy_preprocessor.json", "policy_postprocessor.json"
+# LeRobot names a step's statistics file after its pipeline and the step's index in it
+NORMALIZER_FILE = "policy_preprocessor_step_5_normalizer_processor.safetensors"
+UNNORMALIZER_FILE = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
+LEROBOT_NORM_MAP = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}  # Pi0's defaults
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 
@@ -164,3 +169,29 @@ def prompt_tokens(texts: Sequence[str], tokenize, max_length: int) -> Tuple[torc
         ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         mask[row, :len(tokens)] = True
     return ids, mask
+
+
+def lerobot_pipelines(input_features: Dict[str, dict], output_features: Dict[str, dict], tokenizer_max_length: int,
+                      norm_map: Optional[Mapping[str, str]] = None, eps: float = 1e-8,
+                      tokenizer_name: str = PALIGEMMA_TOKENIZER) -> Tuple[dict, dict]:
+    """The contents of ``policy_preprocessor.json`` and ``policy_postprocessor.json`` as LeRobot
+    saves Pi0's pipelines: its steps in its order, the normaliser over every feature and the
+    un-normaliser over the outputs, each naming its statistics file (written beside them)."""
+    norm_map = dict(LEROBOT_NORM_MAP if norm_map is None else norm_map)
+    device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}
+    preprocessor = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "pi0_new_line_processor", "config": {}},
+        {"registry_name": "tokenizer_processor", "config": {
+            "max_length": tokenizer_max_length, "task_key": "task", "padding_side": "right",
+            "padding": "max_length", "truncation": True, "tokenizer_name": tokenizer_name}},
+        device,
+        {"registry_name": "normalizer_processor", "config": {
+            "eps": eps, "features": {**input_features, **output_features}, "norm_map": norm_map},
+         "state_file": NORMALIZER_FILE}]}
+    postprocessor = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "unnormalizer_processor", "config": {
+            "eps": eps, "features": dict(output_features), "norm_map": norm_map}, "state_file": UNNORMALIZER_FILE},
+        device]}
+    return preprocessor, postprocessor

@@ -15,11 +15,16 @@ from safetensors.torch import save_file
 
 from .configuration_pi0 import CONFIG_FILE, META_FILE, WEIGHTS_FILE, GemmaSize, Pi0Architecture, SiglipSize
 from .modeling_pi0 import TIED_EMBEDDING, UNUSED_KEYS, Pi0Model
-from .processing_pi0 import ACTION_KEY, POSTPROCESSOR_FILE, PREPROCESSOR_FILE, STATE_KEY
+from .processing_pi0 import (
+    ACTION_KEY,
+    NORMALIZER_FILE,
+    POSTPROCESSOR_FILE,
+    PREPROCESSOR_FILE,
+    STATE_KEY,
+    UNNORMALIZER_FILE,
+    lerobot_pipelines,
+)
 
-# LeRobot names a step's statistics after the pipeline and the step's index in it
-NORMALIZER_FILE = "policy_preprocessor_step_5_normalizer_processor.safetensors"
-UNNORMALIZER_FILE = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
 TINY_VLM = GemmaSize(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16)
 TINY_EXPERT = GemmaSize(width=48, depth=2, mlp_dim=96, num_heads=8, num_kv_heads=1, head_dim=16)
 TINY_VISION = SiglipSize(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=14, num_patches=256)
@@ -78,24 +83,8 @@ def make_tiny_pi0(folder: str, state_dim: int, action_dim: int, cameras: Sequenc
               "min_period": arch.min_period, "max_period": arch.max_period}
     meta = {"tiny_architecture": {"config_json_variant_names_are_NOT_the_sizes": True,
                                   "siglip_vision": {"num_attention_heads": TINY_VISION.num_heads}}}
-    norm_map = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
-    device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}
-    # the steps of LeRobot's Pi0 pipelines, in its order (our loader reads the (un)normaliser's)
-    preprocessor = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "pi0_new_line_processor", "config": {}},
-        {"registry_name": "tokenizer_processor", "config": {
-            "max_length": arch.tokenizer_max_length, "task_key": "task", "padding_side": "right",
-            "padding": "max_length", "truncation": True, "tokenizer_name": "google/paligemma-3b-pt-224"}},
-        device,
-        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": _features(arch),
-                                                             "norm_map": norm_map}, "state_file": NORMALIZER_FILE}]}
-    postprocessor = {"name": "policy_postprocessor", "steps": [
-        {"registry_name": "unnormalizer_processor", "config": {
-            "eps": 1e-8, "features": {ACTION_KEY: {"type": "ACTION", "shape": [action_dim]}}, "norm_map": norm_map},
-         "state_file": UNNORMALIZER_FILE},
-        device]}
+    preprocessor, postprocessor = lerobot_pipelines(_features(arch), config["output_features"],
+                                                    arch.tokenizer_max_length)
     for name, content in ((CONFIG_FILE, config), (META_FILE, meta), (PREPROCESSOR_FILE, preprocessor),
                           (POSTPROCESSOR_FILE, postprocessor)):
         with open(os.path.join(folder, name), "w") as f:

@@ -45,7 +45,8 @@ BAD = [
      "give a repo id such as"),
     (("model.name=openvla", "model.path=a/b/c"), "model.path='a/b/c'",
      "neither an existing folder nor a Hugging Face repo id"),
-    ("model.path=some/model", "unknown config key 'model.path'", "remove it"),  # mlp takes no checkpoint
+    ("model.path=some/model", "model.path='some/model' is not a folder with a config.json",
+     "scripts/export.py wrote"),  # an mlp's model.path is an exported policy
     (("model.name=openvla", "model.path=openvla/openvla-7b", "model.temperature=0"), "model.temperature=0.0",
      "use 1.0"),
     (("model.name=openvla", "model.path=openvla/openvla-7b", "model.top_k=0"), "model.top_k=0",
