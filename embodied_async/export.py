@@ -9,11 +9,12 @@ checkpoint's weights exactly as an evaluation does, hand them to the family's ``
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
+
+from embodied_async.run_folder import log_folder
 
 
 class ExportError(Exception):
@@ -58,10 +59,6 @@ class ExportResult:
     format: str
     load_with: str
     notes: List[str] = field(default_factory=list)
-    files: List[str] = field(default_factory=list)
-
-    def replace(self, **changes) -> "ExportResult":
-        return dataclasses.replace(self, **changes)
 
 
 # ---- the export ------------------------------------------------------------------------------------
@@ -70,19 +67,22 @@ def export_checkpoint(checkpoint: str, out: str, stats_key: Optional[str] = None
                       say: Callable[[str], None] = print) -> ExportResult:
     """Write ``checkpoint`` (one of our runs') in its family's published format to ``out``, with a
     model card; ExportError (one line) on bad input. The folder appears only once it is whole."""
+    out = os.path.abspath(out)
     cfg = _checked_inputs(checkpoint, out, overwrite)
     exporter = _exporter(cfg.model)
+    base = _base_folder(cfg.model)
+    _check_out_apart(out, [("the checkpoint", checkpoint, True), ("its run's folder", log_folder(checkpoint), False),
+                           ("the base checkpoint", base, True)])
     say(f"[export] building the {cfg.model.name} policy of {checkpoint} on the CPU")
     policy, spec = _load_policy(cfg, checkpoint)
     dataset = training_dataset(checkpoint, spec)
     stats_key = stats_key or _default_stats_key(cfg)
-    tmp = out.rstrip("/") + ".export-tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp = out + ".export-tmp"
     try:
-        request = ExportRequest(policy=policy, model_cfg=cfg.model, base_folder=cfg.model.checkpoint_folder(),
-                                folder=tmp, stats_key=stats_key, env_spec=spec,
-                                dataset_stats=dataset and dataset["stats"],
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        request = ExportRequest(policy=policy, model_cfg=cfg.model, base_folder=base, folder=tmp, stats_key=stats_key,
+                                env_spec=spec, dataset_stats=dataset and dataset["stats"],
                                 dataset_episodes=dataset and dataset["episodes"],
                                 dataset_frames=dataset and dataset["frames"])
         result = exporter(request)
@@ -90,10 +90,11 @@ def export_checkpoint(checkpoint: str, out: str, stats_key: Optional[str] = None
 
         write_model_card(tmp, checkpoint, cfg, result, dataset, stats_key, code_version())
         _put_in_place(tmp, out)
-    except BaseException:
+    except (OSError, ValueError, KeyError) as err:  # a full disk, a folder we may not write, an exporter's refusal
+        raise ExportError(f"could not write the export to {out}: {type(err).__name__}: {err}") from None
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return result.replace(files=sorted(os.listdir(out)))
+    return result
 
 
 def _checked_inputs(checkpoint: str, out: str, overwrite: bool):
@@ -122,6 +123,28 @@ def _checked_inputs(checkpoint: str, out: str, overwrite: bool):
         raise ExportError(str(err)) from None
 
 
+def _base_folder(model_cfg) -> Optional[str]:
+    """The base checkpoint's local folder (fetched from the hub when it is not cached)."""
+    try:
+        model_cfg.fetch()
+        return model_cfg.checkpoint_folder()
+    except FileNotFoundError as err:  # a hub id neither cached nor reachable
+        raise ExportError(f"the run's base checkpoint is not here: {err}") from None
+
+
+def _check_out_apart(out: str, folders) -> None:
+    """``--out`` may neither be nor hold what the export reads (a replaced folder is deleted), nor
+    lie inside a checkpoint (a file there breaks its manifest): ``(what, folder, sealed)``, where
+    ``sealed`` says whether a folder inside it is refused too (a run's log folder may hold exports)."""
+    real = os.path.realpath(out)
+    for what, folder, sealed in folders:
+        if not folder:
+            continue
+        folder = os.path.realpath(folder)
+        if real == folder or folder.startswith(real + os.sep) or (sealed and real.startswith(folder + os.sep)):
+            raise ExportError(f"--out {out} overlaps {what} ({folder}): export to a folder of its own, outside it")
+
+
 def _exporter(model_cfg) -> Callable[[ExportRequest], ExportResult]:
     import importlib
 
@@ -142,7 +165,6 @@ def _load_policy(cfg, checkpoint: str):
     from embodied_async.run_folder import load_policy_weights
 
     try:
-        cfg.model.fetch()
         env = build_env(cfg.env, 1, cfg.runner.seed)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         raise ExportError(f"cannot build the run's env to learn its observation and action shapes: {err}") from None
@@ -151,7 +173,7 @@ def _load_policy(cfg, checkpoint: str):
     try:
         policy = build_policy(cfg.model, spec, device=torch.device("cpu")).eval()
         load_policy_weights(policy, checkpoint)
-    except (CheckpointError, ValueError, FileNotFoundError, KeyError) as err:
+    except (CheckpointError, ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # incl. a damaged base
         raise ExportError(f"cannot load the policy of {checkpoint}: {err}") from None
     return policy, spec
 
@@ -162,12 +184,18 @@ def _default_stats_key(cfg) -> str:
 
 
 def _put_in_place(tmp: str, out: str) -> None:
-    """The finished folder replaces ``out`` (an old one is removed only after the rename)."""
-    old = out.rstrip("/") + ".export-old"
+    """The finished folder replaces ``out``; the old one is removed only once the new one is in
+    place (and comes back should the second rename not happen)."""
+    old = out + ".export-old"
     if os.path.exists(out):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(old) and not os.path.exists(out):
+            os.replace(old, out)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -24,11 +24,16 @@ def push_folder(folder: str, repo_id: str, repo_type: str, private: bool = True)
                           commit_message="Upload from embodied_async")
     except Exception as err:  # offline, no token, no rights, a bad repo id: all end the same way
         raise HubError(f"could not push {folder} to the {repo_type} repo '{repo_id}' on the Hugging Face hub "
-                       f"({_reason(err)}); the folder is complete: push it again when the hub can be reached "
-                       f"(hf upload {repo_id} {folder}{' --repo-type dataset' if repo_type == 'dataset' else ''})"
-                       ) from None
+                       f"({_reason(err)}); the folder is complete: "
+                       f"{_push_again(folder, repo_id, repo_type, private)} when the hub can be reached") from None
     prefix = "datasets/" if repo_type == "dataset" else ""
     return f"https://huggingface.co/{prefix}{repo_id}"
+
+
+def _push_again(folder: str, repo_id: str, repo_type: str, private: bool) -> str:
+    """The command that pushes the folder later, creating the repo as this push would have."""
+    kind = " --repo-type dataset" if repo_type == "dataset" else ""
+    return f"push it with  hf upload {repo_id} {folder}{kind}{' --private' if private else ''}"
 
 
 def push_and_report(folder: str, repo_id: str, repo_type: str, private: bool, command: str) -> int:
@@ -41,6 +46,10 @@ def push_and_report(folder: str, repo_id: str, repo_type: str, private: bool, co
     except HubError as err:
         print(f"{command} error: {err}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:
+        again = _push_again(folder, repo_id, repo_type, private)
+        print(f"[{command}] push stopped by Ctrl-C; {folder} is complete: {again}", file=sys.stderr, flush=True)
+        return 130
     print(f"[{command}] pushed {folder} to {url}", flush=True)
     return 0
 

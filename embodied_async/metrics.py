@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from embodied_async.run_folder import storage_errno, storage_error
 from embodied_async.trackers import close_trackers, open_trackers
 
 # Per-episode means of the env workers: pooled weighted by each worker's finished episodes.
@@ -40,6 +42,7 @@ class MetricLogger:
     def __init__(self, log_path: str, backends: Sequence[str] = ("tensorboard",), project: str = "embodied_async",
                  run_config: Optional[Dict] = None):
         os.makedirs(log_path, exist_ok=True)
+        self.log_path = log_path
         self.path = os.path.join(log_path, "metrics.jsonl")
         self._file = open(self.path, "a", buffering=1)
         try:
@@ -49,19 +52,36 @@ class MetricLogger:
             raise
 
     def log(self, record: Dict[str, float]) -> None:
+        """Write ``record`` everywhere; a folder that cannot take it ends the run (StorageError):
+        records are never dropped silently."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._file.write(json.dumps(clean) + "\n")
-        for tracker in self._trackers:
-            tracker.log(record)
+        with self._storage_errors_end_the_run():
+            self._file.write(json.dumps(clean) + "\n")
+            for tracker in self._trackers:
+                tracker.log(record)
+
+    @contextlib.contextmanager
+    def _storage_errors_end_the_run(self):
+        try:
+            yield
+        except OSError as err:
+            code = storage_errno(err)
+            if code is None:
+                raise
+            raise storage_error(f"the run's metrics ({err.filename or self.path})", self.log_path, code) from None
 
     def log_videos(self, videos, step: int, fps: int = 10) -> None:
         """Evaluation episodes (``evaluation.EpisodeVideo``) at the step whose policy they show."""
-        for tracker in self._trackers:
-            tracker.log_videos(videos, step, fps)
+        with self._storage_errors_end_the_run():
+            for tracker in self._trackers:
+                tracker.log_videos(videos, step, fps)
 
     def close(self) -> None:
-        self._file.close()
-        close_trackers(self._trackers)
+        with self._storage_errors_end_the_run():
+            try:
+                self._file.close()
+            finally:
+                close_trackers(self._trackers)
 
 
 def progress_line(record: Dict[str, float], max_steps: int, last_eval: Optional[float]) -> str:

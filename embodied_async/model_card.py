@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import re
 from typing import Any, Dict, List, Optional
@@ -39,15 +38,14 @@ def last_evaluation(log_path: str, step: int) -> Optional[Dict[str, float]]:
         with open(path) as f:
             for line in f:
                 record = json.loads(line)
-                rate = record.get("eval/success_rate")
-                if record.get("step", 0) <= step and isinstance(rate, (int, float)) and record.get("eval/episodes"):
+                # a task that reports no success logs its rate as null (metrics.jsonl has no NaN)
+                if record.get("step", 0) <= step and "eval/success_rate" in record and record.get("eval/episodes"):
                     found = record
     if found is None:
         return None
-    episodes = int(found["eval/episodes"])
-    low, high = wilson_interval(round(found["eval/success_rate"] * episodes), episodes)
-    return {"step": int(found["step"]), "success_rate": float(found["eval/success_rate"]), "episodes": episodes,
-            "ci95": (low, high)}
+    episodes, rate = int(found["eval/episodes"]), found["eval/success_rate"]
+    interval = wilson_interval(round(rate * episodes), episodes) if rate is not None else None
+    return {"step": int(found["step"]), "success_rate": rate, "episodes": episodes, "ci95": interval}
 
 
 def write_model_card(folder: str, checkpoint: str, cfg, result, dataset: Optional[Dict[str, Any]],
@@ -102,9 +100,9 @@ def _dataset(dataset: Optional[Dict[str, Any]]) -> str:
 def _evaluation(evaluation: Optional[Dict[str, Any]]) -> str:
     if evaluation is None:
         return "none in the run"
-    low, high = evaluation["ci95"]
     rate = evaluation["success_rate"]
-    if not math.isfinite(rate):
+    if rate is None:
         return f"{evaluation['episodes']} episodes at step {evaluation['step']} (the task reports no success)"
+    low, high = evaluation["ci95"]
     return (f"success {rate:.3f} (95% CI {low:.3f}-{high:.3f}) over {evaluation['episodes']} episodes at step "
             f"{evaluation['step']}")

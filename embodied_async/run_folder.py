@@ -19,6 +19,8 @@ before anything in it is used.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -35,6 +37,16 @@ MODEL_TREE = "model"  # the policy's weights: model.json + model.safetensors
 RUN_CONFIG = os.path.join(".hydra", "config.yaml")
 STEP_FOLDER = re.compile(r"global_step_(\d+)")
 EXAMPLE = "logs/<run>/checkpoints/global_step_<N>"
+# what a folder that cannot take a run's files answers (a full disk, a quota, a read-only or
+# foreign folder), as an errno and as the text it reaches us in from another process (safetensors'
+# Rust errors say "os error N")
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+ERRNO_IN_TEXT = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
+
+
+class StorageError(RuntimeError):
+    """The run's folder cannot take what the run writes: one line naming the folder, the free
+    space and the checkpoint to resume from."""
 
 
 def checkpoints_root(log_path: str) -> str:
@@ -121,15 +133,61 @@ def load_run_config(checkpoint: str):
 
 # ---- writing -------------------------------------------------------------------------------------
 
-def write_checkpoint(root: str, step: int, write_contents: Callable[[str], int], state: Dict) -> str:
+def write_checkpoint(root: str, step: int, write_contents: Callable[[str], int], state: Dict,
+                     resumed_from: Optional[str] = None) -> str:
     """Write ``root/global_step_<step>``; a crash at any point leaves every earlier checkpoint whole.
 
     ``write_contents(folder)`` writes the trainer's files and returns the version they hold (the
     truth: an update the runner had not counted yet is in them); ``state`` holds the runner's
     counters. Everything goes to a temporary folder first, sealed by the manifest; a folder of the
     same step is moved aside before the rename and deleted only after it; then ``latest`` names it.
+    A folder that cannot take it (full, over quota, read-only) raises StorageError, the partial
+    folder removed and ``latest`` still naming the last complete checkpoint.
     """
     final = step_folder(root, step)
+    try:
+        return _write_checkpoint(root, final, write_contents, state)
+    except Exception as err:
+        shutil.rmtree(final + ".tmp", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(root, LATEST + ".tmp"))
+        code = storage_errno(err)
+        if code is None:
+            raise
+        raise storage_error(f"the checkpoint {final}", root, code, resumed_from) from err
+
+
+def storage_errno(err: BaseException) -> Optional[int]:
+    """The errno of a storage failure behind ``err`` (its causes followed; an error raised in a
+    worker process arrives as text), None for any other error."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
+            return err.errno
+        codes = [int(a or b) for a, b in ERRNO_IN_TEXT.findall(str(err))]
+        codes += [code for code in STORAGE_ERRNOS if os.strerror(code) in str(err)]
+        found = [code for code in codes if code in STORAGE_ERRNOS]
+        if found:
+            return found[0]
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def storage_error(what: str, log_or_root: str, code: int, resumed_from: Optional[str] = None) -> StorageError:
+    """StorageError for ``what`` that could not be written: why, the free space, where to resume
+    (the newest checkpoint of the run's folder, else the one it resumed from)."""
+    root = log_or_root if os.path.basename(log_or_root) == CHECKPOINTS else checkpoints_root(log_or_root)
+    place = next(p for p in (root, os.path.dirname(root), "/") if os.path.exists(p))
+    free = shutil.disk_usage(place).free
+    latest = latest_checkpoint(root) or resumed_from
+    then = (f"the last complete checkpoint, {latest}, is whole: make room and resume with runner.resume_dir={latest}"
+            if latest else "no checkpoint was completed yet: make room and start the run again")
+    return StorageError(f"cannot write {what}: {os.strerror(code)} ({free / 2**20:.1f} MiB free where the run "
+                        f"writes, {os.path.dirname(root)}); {then}")
+
+
+def _write_checkpoint(root: str, final: str, write_contents: Callable[[str], int], state: Dict) -> str:
     tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

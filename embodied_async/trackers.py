@@ -79,6 +79,7 @@ class TensorBoardTracker:
         step = int(record["step"])
         for key, value in finite_scalars(record):
             self._writer.add_scalar(key, value, step)
+        self._writer.flush()  # a write its thread could not do surfaces here, at this step
 
     def log_videos(self, videos, step: int, fps: int) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary

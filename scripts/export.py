@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("[export] stopped by Ctrl-C; nothing was written to --out", file=sys.stderr, flush=True)
         return 130
-    print(f"[export] {result.format} written to {args.out}: {', '.join(result.files)}", flush=True)
+    print(f"[export] {result.format} written to {args.out}: {', '.join(sorted(os.listdir(args.out)))}", flush=True)
     for note in result.notes:
         print(f"[export] note: {note}", flush=True)
     if args.push_to_hub:

@@ -1,6 +1,7 @@
 """The run folder has one owner (``run_folder``): how a checkpoint is written and found again,
 what makes a folder one, and the hints a wrong folder gets."""
 
+import errno
 import json
 import os
 
@@ -79,3 +80,50 @@ def test_every_runner_mode_has_its_mode_class():
         assert issubclass(mode, Mode) and mode.name and mode.evaluate_method
         for hook in ("build", "version_after_step", "progress_line"):
             assert getattr(mode, hook) is not getattr(Mode, hook), (mode, hook)
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)),
+                                     RuntimeError("actor[0].save_checkpoint failed: SafetensorError: Error while "
+                                                  "serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                                                  "\"No space left on device\" }) (os error 28)")])
+def test_a_checkpoint_the_folder_cannot_take_ends_in_one_line_and_leaves_the_last_one_whole(tmp_path, failure):
+    root = tmp_path / "run" / "checkpoints"
+    root.mkdir(parents=True)
+    first = write(root, 2)
+
+    def fails(folder):
+        with open(os.path.join(folder, "model.safetensors"), "w") as f:
+            f.write("half a tensor")
+        raise failure
+
+    with pytest.raises(run_folder.StorageError) as err:
+        run_folder.write_checkpoint(str(root), 3, fails, {"step": 3})
+    message = str(err.value)
+    assert "\n" not in message and "global_step_3" in message and "MiB free" in message
+    assert f"resume with runner.resume_dir={first}" in message
+    assert sorted(os.listdir(root)) == ["global_step_2", "latest"]  # the partial folder is gone
+    assert run_folder.latest_checkpoint(str(root)) == first
+    run_folder.verify(first, "runner.resume_dir")
+
+
+def test_only_storage_failures_are_taken_for_a_full_disk():
+    assert run_folder.storage_errno(RuntimeError("worker failed: ... (os error 28)")) == errno.ENOSPC
+    assert run_folder.storage_errno(RuntimeError("a [Errno 30] Read-only file system: '/x'")) == errno.EROFS
+    assert run_folder.storage_errno(RuntimeError("... (os error 15)")) is None
+    assert run_folder.storage_errno(ValueError("cannot reshape array")) is None
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert run_folder.storage_errno(wrapped) == errno.ENOSPC
+
+
+def test_metrics_that_cannot_be_written_end_the_run_instead_of_being_dropped(tmp_path):
+    from embodied_async.metrics import MetricLogger
+
+    log = tmp_path / "run"
+    log.mkdir()
+    os.symlink("/dev/full", log / "metrics.jsonl")  # every write answers ENOSPC, as a full disk does
+    logger = MetricLogger(str(log), backends=[])
+    with pytest.raises(run_folder.StorageError, match=r"cannot write the run's metrics .*No space left on device"):
+        logger.log({"step": 1, "train/actor/policy_loss": 0.5})
+    with pytest.raises(run_folder.StorageError):
+        logger.close()

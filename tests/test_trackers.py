@@ -213,3 +213,23 @@ def test_the_project_name_must_suit_both_services(tmp_path):
     assert build_config(tmp_path, "runner.logger.backends=[]").runner.logger.backends == []
     with pytest.raises(ConfigError, match="runner.logger.project='my project'"):
         build_config(tmp_path, "runner.logger.project=my project")
+
+
+@pytest.mark.parametrize("switch, backends", [(True, ["tensorboard"]), (False, [])])
+def test_a_run_saved_with_the_former_switch_keeps_its_choice_through_its_checkpoint(tmp_path, switch, backends):
+    """A run's saved config from before the backends key: read through its checkpoint (evaluation,
+    export, a teacher for demonstrations), its switch becomes the list it meant."""
+    from teacher_checkpoints import make_teacher
+
+    from embodied_async.config.recipes import checkpoint_config
+    from embodied_async.config.validate import to_train_config
+
+    checkpoint = make_teacher(str(tmp_path / "run"))
+    saved = os.path.join(tmp_path, "run", ".hydra", "config.yaml")
+    raw = OmegaConf.load(saved)
+    del raw.runner.logger["backends"]
+    raw.runner.logger.tensorboard = switch
+    OmegaConf.save(raw, saved)
+    loaded = checkpoint_config(checkpoint)
+    loaded.cluster.device_type = "cpu"
+    assert to_train_config(loaded).runner.logger.backends == backends

@@ -69,10 +69,13 @@ class EnvConfig:
     # Dense tasks that end at success while the reward would keep paying must bootstrap there:
     # treating that end as terminal teaches the policy to hover short of the goal.
     terminal_on_success: bool = False
-    # a float observation or reward beyond this magnitude is treated like a NaN: the sample is
-    # dropped from the loss, counted in env/nonfinite_dropped and the sub-env reset (a finite but
-    # absurd value would otherwise skew the observation statistics of the whole run)
+    # a float observation or reward beyond this magnitude counts as a NaN (env.on_nonfinite): a finite
+    # but absurd value (1e30 from an exploding simulator) would skew the run's observation statistics
     max_abs_value: float = 1.0e6
+    # a NaN/inf (or beyond max_abs_value) observation or reward: "stop" ends the run in one line naming
+    # the env worker, sub-env, key, value, step and the fix (a broken simulator or task shows at once);
+    # "drop" drops the sample from the loss, resets its sub-env and counts it in env/nonfinite_dropped
+    on_nonfinite: str = "stop"
     # observations carry "video_frames" [B, H, W, 3] uint8 of video_size (final_obs: each episode's
     # last frame); the evaluation turns it on for its own env when runner.eval_video is true
     render_video: bool = False
@@ -437,6 +440,10 @@ class RunnerConfig:
     save_interval: int = 50  # checkpoint every N steps (0: only on exit)
     # how many checkpoints stay on disk (the oldest go first); None keeps them all
     keep_checkpoints: Optional[int] = None
+    # seconds between a scheduler's SIGTERM and its SIGKILL (SLURM's KillWait is 30 s by default,
+    # Kubernetes' terminationGracePeriodSeconds 30 s): the update in flight may take half of it to
+    # finish, the checkpoint the rest
+    preemption_grace_s: float = 25.0
     # False: checkpoints hold the trainable parameters (all of them for MLP/CNN, adapters and
     # value head under LoRA) and name the base checkpoint; True: also every frozen weight
     checkpoint_frozen_weights: bool = False

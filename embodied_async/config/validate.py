@@ -297,7 +297,8 @@ def _check_counts(cfg: TrainConfig) -> None:
         section, name = key.split(".")
         positive(getattr(getattr(cfg, section), name), key)
     bound(cfg.env.max_abs_value, "env.max_abs_value", lambda v: v > 0, "must be > 0",
-          "observations and rewards beyond it are dropped like NaNs: use e.g. 1e6")
+          "observations and rewards beyond it count as NaNs (env.on_nonfinite): use e.g. 1e6")
+    choice(cfg.env.on_nonfinite, "env.on_nonfinite", ("stop", "drop"))
     require(cfg.env.end_on_success or type(cfg.env).can_run_past_success,
             f"env.end_on_success=false, but the '{cfg.env.name}' env family's tasks end an episode at success: "
             "remove it")
@@ -365,6 +366,8 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
               "use 0 to turn it off, or N for every N steps")
     bound(runner.keep_checkpoints, "runner.keep_checkpoints", lambda v: v >= 1, "must be >= 1",
           "keep at least the newest checkpoint", null="to keep every checkpoint")
+    bound(runner.preemption_grace_s, "runner.preemption_grace_s", lambda v: v > 0, "must be > 0",
+          "set it a few seconds below the scheduler's grace period (SLURM's KillWait, 30 s by default)")
     bound(runner.max_env_steps, "runner.max_env_steps", lambda v: v >= 1, "must be positive", "set an env-step budget",
           null="to stop at runner.max_steps only")
     bound(runner.stop_at_eval_success, "runner.stop_at_eval_success", lambda v: 0.0 < v <= 1.0,

@@ -15,6 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch.utils.data
 
+from embodied_async.datasets.integrity import check_video_files
 from embodied_async.datasets.lerobot_format import DatasetError
 from embodied_async.datasets.reader import DatasetReader
 
@@ -120,10 +121,12 @@ def check_against_spec(reader: DatasetReader, keys: Dict[str, str], spec, contro
 def open_dataset(root: str, keys: Dict[str, Optional[str]], spec, cache_episodes: int = 64,
                  recorded_hz: Optional[float] = None) -> tuple:
     """(reader, resolved key mapping) of the dataset at ``root`` (a folder or hub repo id), checked
-    against the env's ``spec``: the one place a run opens its dataset (launcher and trainers)."""
+    against itself (the reader: header, finite numbers; here: its video files) and against the
+    env's ``spec``: the one place a run opens its dataset (launcher and trainers)."""
     from embodied_async.datasets.reader import resolve_dataset
 
     reader = DatasetReader(resolve_dataset(root, "dataset.root"), cache_episodes=cache_episodes)
+    check_video_files(reader)  # here, not in the reader: batch-making processes read a dataset checked here
     resolved = resolve_keys(reader, dict(keys), spec)
     check_mapping(reader, resolved)
     check_against_spec(reader, resolved, spec, spec.control_hz, recorded_hz)
@@ -231,7 +234,13 @@ class _BatchStream(torch.utils.data.IterableDataset):
         indices = iterate_batch_indices(samples, batch_size, seed, window, start_batch=start)
         for number, batch in enumerate(indices):
             if number % workers == worker:
-                yield samples.batch(batch[rank::world])
+                try:
+                    yield samples.batch(batch[rank::world])
+                except DatasetError as err:
+                    # handed over as an item, raised as it is by batch_stream: raised here, torch
+                    # would re-raise it with this process's traceback inside its message
+                    yield err
+                    return
 
 
 def _as_is(item):
@@ -249,6 +258,9 @@ def batch_stream(samples: SupervisedSamples, batch_size: int, seed: int, window_
     stream = _BatchStream(samples.reader.root, samples.keys, samples.chunk, samples.episodes, batch_size, seed,
                           window_episodes, start_batch, rank, world_size, samples.reader.cache_episodes)
     # spawn: the trainer is a Ray worker with threads of its own, which a fork would copy half-way
-    yield from torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_as_is,
-                                           multiprocessing_context="spawn", prefetch_factor=2,
-                                           persistent_workers=False)
+    for batch in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_as_is,
+                                             multiprocessing_context="spawn", prefetch_factor=2,
+                                             persistent_workers=False):
+        if isinstance(batch, DatasetError):  # a file damaged inside, found at its first decode there
+            raise batch
+        yield batch

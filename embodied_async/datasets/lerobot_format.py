@@ -41,6 +41,10 @@ DEFAULT_FEATURES: Dict[str, Dict[str, object]] = {
     "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
 NUMBER_DTYPES = ("float32", "float64", "int64", "int32", "bool")
+# the fixes a refusal of damaged data names: our datasets come from the collector, others from a
+# copy or a download that can be made again
+FIX_RECOLLECT = "re-collect the dataset with scripts/collect_demos.py"
+FIX_COPY_AGAIN = f"copy the file again from where the dataset came from, or {FIX_RECOLLECT}"
 
 
 class DatasetError(ValueError):
@@ -93,9 +97,10 @@ def read_json(root: str, rel: str):
             return json.load(f)
     except FileNotFoundError:
         raise DatasetError(f"{root} is not a LeRobot dataset: {rel} is missing (a dataset holds meta/info.json, "
-                           "meta/tasks.parquet, meta/episodes/ and data/)") from None
+                           "meta/tasks.parquet, meta/episodes/ and data/): give the dataset's own folder, or copy "
+                           "the whole dataset folder again") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DatasetError(f"{path} is damaged: {err}") from None
+        raise DatasetError(f"{path} is damaged ({err}): fix it, or {FIX_COPY_AGAIN}") from None
 
 
 def replace_file(root: str, rel: str, write: Callable[[str], None]) -> None:
@@ -124,7 +129,7 @@ def read_info(root: str) -> Dict[str, object]:
                            "convert_dataset_v21_to_v30 script)")
     missing = [k for k in ("fps", "features", "data_path", "total_episodes") if k not in info]
     if missing:
-        raise DatasetError(f"{os.path.join(root, INFO_PATH)} lacks {missing}")
+        raise DatasetError(f"{os.path.join(root, INFO_PATH)} lacks {missing}: fix meta/info.json, or {FIX_COPY_AGAIN}")
     features = info["features"] if isinstance(info["features"], dict) else {}
     stills = [k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") == "image"]
     if stills:
@@ -141,11 +146,12 @@ def read_table(root: str, rel: str):
 
     path = os.path.join(root, rel)
     if not os.path.isfile(path):
-        raise DatasetError(f"{root}: {rel} is missing (named by the dataset's metadata)")
+        raise DatasetError(f"{path} is missing (named by the dataset's metadata): {FIX_COPY_AGAIN}")
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
-        raise DatasetError(f"cannot read {path} (damaged parquet?): {err}") from None
+        detail = str(err).splitlines()[0] if str(err) else "no detail"
+        raise DatasetError(f"cannot read {path} (damaged parquet?): {detail}: {FIX_COPY_AGAIN}") from None
 
 
 def write_table(root: str, rel: str, table) -> None:
@@ -192,7 +198,8 @@ def read_episodes(root: str) -> List[Dict[str, object]]:
     """Every episode's row from ``meta/episodes``, ordered by episode_index (checked contiguous)."""
     folder = os.path.join(root, "meta", "episodes")
     if not os.path.isdir(folder):
-        raise DatasetError(f"{root} is not a LeRobot dataset: meta/episodes/ is missing")
+        raise DatasetError(f"{root} is not a LeRobot dataset: meta/episodes/ is missing (it says where each episode "
+                           f"is): copy the whole dataset folder again, or {FIX_RECOLLECT}")
     rows: List[Dict[str, object]] = []
     for chunk in sorted(os.listdir(folder)):
         for name in sorted(os.listdir(os.path.join(folder, chunk))):
@@ -200,7 +207,8 @@ def read_episodes(root: str) -> List[Dict[str, object]]:
                 rows += read_table(root, os.path.join("meta", "episodes", chunk, name)).to_pylist()
     rows.sort(key=lambda r: r["episode_index"])
     if [r["episode_index"] for r in rows] != list(range(len(rows))):
-        raise DatasetError(f"{folder}: episode indices are not 0..{len(rows) - 1} (a file is missing or doubled)")
+        raise DatasetError(f"{folder}: episode indices are not 0..{len(rows) - 1} (a file is missing or doubled): "
+                           f"copy the whole dataset folder again, or {FIX_RECOLLECT}")
     return rows
 
 

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from embodied_async.datasets import lerobot_format as fmt
+from embodied_async.datasets.integrity import check_column, check_finite, check_totals
 from embodied_async.datasets.stats import feature_stats, from_json, merge_stats
 from embodied_async.datasets.video import decode_frames
 
@@ -59,6 +60,8 @@ class DatasetReader:
         self.episodes = fmt.read_episodes(root)
         self.numbers = self._load_numbers()
         self._check_episodes()
+        check_totals(self)
+        check_finite(self)
         self._cache: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self.cache_episodes = cache_episodes
         self._stats: Optional[Dict[str, Dict[str, np.ndarray]]] = None
@@ -75,8 +78,10 @@ class DatasetReader:
             missing = [k for k in keys if k not in table.column_names]
             if missing:
                 raise fmt.DatasetError(f"{os.path.join(self.root, rel)} lacks the columns {missing} that "
-                                       f"meta/info.json declares (it has {table.column_names})")
+                                       f"meta/info.json declares (it has {table.column_names}): fix the features "
+                                       f"in meta/info.json, or {fmt.FIX_RECOLLECT}")
             for key in keys:
+                check_column(os.path.join(self.root, rel), key, self.features[key], table.column(key))
                 parts.setdefault(key, []).append(_column(table, key, self.features[key]))
         numbers = {k: np.concatenate(v) for k, v in parts.items()}
         order = np.argsort(numbers["index"], kind="stable")
@@ -86,17 +91,18 @@ class DatasetReader:
         index = self.numbers["index"]
         if not np.array_equal(index, np.arange(len(index))):
             raise fmt.DatasetError(f"{self.root}: the frames' index column is not 0..{len(index) - 1}: a data file "
-                                   "is missing, doubled or damaged")
+                                   f"is missing, doubled or damaged: {fmt.FIX_RECOLLECT}")
         for row in self.episodes:
             start, stop = int(row["dataset_from_index"]), int(row["dataset_to_index"])
             frames = self.numbers["episode_index"][start:stop]
             if stop - start != int(row["length"]) or not np.all(frames == row["episode_index"]):
                 raise fmt.DatasetError(f"{self.root}: episode {row['episode_index']}'s rows {start}..{stop} in "
-                                       "meta/episodes do not match the data files")
+                                       f"meta/episodes do not match the data files: {fmt.FIX_RECOLLECT}")
             missing = [k for k in self.video_keys if f"videos/{k}/from_timestamp" not in row]
             if missing:
                 raise fmt.DatasetError(f"{self.root}: meta/episodes has no video location of {missing} for "
-                                       f"episode {row['episode_index']}")
+                                       f"episode {row['episode_index']}: copy the whole dataset folder again, or "
+                                       f"{fmt.FIX_RECOLLECT}")
 
     # ---- access --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -131,8 +137,8 @@ class DatasetReader:
         times = start + self.numbers["timestamp"][rows.start:rows.stop].astype(np.float64)
         path = self.video_path(key, episode)
         if not os.path.isfile(path):
-            raise fmt.DatasetError(f"{self.root}: {os.path.relpath(path, self.root)} is missing (episode {episode} "
-                                   f"of camera {key})")
+            raise fmt.DatasetError(f"{path} is missing (episode {episode} of camera {key}): "
+                                   f"{fmt.FIX_COPY_AGAIN}")
         frames = decode_frames(path, times)
         self._cache[cache_key] = frames
         while len(self._cache) > self.cache_episodes:

@@ -14,6 +14,8 @@ from typing import Dict
 
 import numpy as np
 
+from embodied_async.datasets.lerobot_format import FIX_COPY_AGAIN, DatasetError
+
 # codec name in info.json -> the encoder PyAV uses, and its options
 ENCODERS: Dict[str, tuple] = {
     "av1": ("libsvtav1", {"g": "2", "crf": "30"}),
@@ -22,8 +24,10 @@ ENCODERS: Dict[str, tuple] = {
 TIME_TOLERANCE_S = 1e-4  # LeRobot's tolerance between a frame's timestamp and the one asked for
 
 
-class VideoError(ValueError):
-    """A video file that cannot be written or read as expected (the message names the file)."""
+class VideoError(DatasetError):
+    """A video file that cannot be written or read as expected (the message names the file). A
+    ``DatasetError``: a file damaged inside is found at its first decode, in a trainer, and must
+    end the run as the start-up checks do, one line naming the file."""
 
 
 def _quiet_encoders() -> None:
@@ -98,22 +102,32 @@ def decode_frames(path: str, timestamps: np.ndarray, tolerance_s: float = TIME_T
                 pictures.append(frame.to_ndarray(format="rgb24"))
                 if t >= last - tolerance_s:
                     break
-    except (av.error.FFmpegError, IndexError) as err:  # damaged, truncated, or no video stream
-        raise VideoError(f"cannot decode {path}: {type(err).__name__}: {err}") from None
+    except (av.error.FFmpegError, IndexError, ValueError, OSError) as err:  # damaged, truncated, no video stream
+        raise VideoError(f"cannot decode {path}: {type(err).__name__}: {error_detail(err)}: the file is damaged; "
+                         f"{FIX_COPY_AGAIN}") from None
     return _nearest(path, np.asarray(times), pictures, timestamps, tolerance_s)
+
+
+def error_detail(err: Exception) -> str:
+    """What went wrong, in one short line: FFmpeg's reason without the file name (the message
+    names the file once), else the first line of the error."""
+    reason = getattr(err, "strerror", None)
+    if reason:
+        return str(reason)
+    return str(err).splitlines()[0] if str(err) else "no detail"
 
 
 def _nearest(path: str, times: np.ndarray, pictures: list, wanted: np.ndarray, tolerance_s: float) -> np.ndarray:
     if not pictures:
         raise VideoError(f"{path}: no frame between {wanted.min():.4f} s and {wanted.max():.4f} s (a damaged or "
-                         "truncated file, or episode timestamps that do not belong to it)")
+                         f"truncated file, or episode timestamps that do not belong to it): {FIX_COPY_AGAIN}")
     index = np.abs(wanted[:, None] - times[None, :]).argmin(axis=1)
     gap = np.abs(times[index] - wanted)
     if float(gap.max()) > tolerance_s:
         worst = int(gap.argmax())
         raise VideoError(f"{path}: the frame nearest to {wanted[worst]:.4f} s is at {times[index[worst]]:.4f} s "
                          f"(more than {tolerance_s} s away): the file is damaged or truncated, or its frame rate "
-                         "differs from the dataset's fps")
+                         f"differs from the dataset's fps: {FIX_COPY_AGAIN}")
     return np.stack([pictures[i] for i in index])
 
 

@@ -1,14 +1,15 @@
 """The one step loop, for every training mode: it asks the mode (``runner.mode``, ``modes.MODES``)
 for its graph and its step, and owns what every run does around them: stopping (``max_steps``,
 ``max_env_steps``, ``stop_at_eval_success``), checkpoints (through ``run_folder``), evaluations
-(beside training or paused), metrics and progress, and Ctrl-C. It owns no model math."""
+(beside training or paused), metrics and progress, and the signals that stop or checkpoint a run
+(``signals``: Ctrl-C, a scheduler's SIGTERM, SIGUSR1). It owns no model math."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import signal
-import threading
 import time
 from typing import Dict, List, Optional
 
@@ -20,29 +21,10 @@ from embodied_async.private_files import make_log_folder
 from embodied_async.runner.graph import Graph
 from embodied_async.runner.modes import MODES
 from embodied_async.scheduler.worker_group import Pending, WorkerFailed, wait_all
+from embodied_async.signals import deferred, preempted, stop_signal, take_save_request
 
 INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
 TOTALS = ("time/env", "time/rollout", "time/actor_training")  # summed over the run into its result
-
-
-@contextlib.contextmanager
-def deferred_sigint():
-    """Hold back Ctrl-C inside the block; a Ctrl-C that came meanwhile is raised right after it.
-
-    (Masking the signal would not do: any of Ray's threads may receive it, and Python still raises
-    it in the main thread. A handler that only records it does.)
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            raise KeyboardInterrupt
 
 
 class Runner:
@@ -96,8 +78,22 @@ class Runner:
                                    "checkpoint must come from a run with the same model config. "
                                    f"Loading failed with: {err}") from err
             self.log(f"resumed from {cfg.runner.resume_dir}: step {self.state['step']}, version {versions[0]}")
+        self._warn_if_short_of_space()
         self.loops = self.mode.start(graph)
         self.started = True
+
+    def _warn_if_short_of_space(self) -> None:
+        """Warn when the log folder's filesystem cannot hold the checkpoints this run will keep."""
+        runner = self.cfg.runner
+        written = runner.max_steps // runner.save_interval + 1 if runner.save_interval else 1
+        # a new checkpoint is complete before the oldest goes
+        kept = min(written, runner.keep_checkpoints + 1) if runner.keep_checkpoints else written
+        size = wait_all(self.graph.actor.call("checkpoint_bytes"), timeout=60)[0]
+        free = shutil.disk_usage(self.log_path).free
+        if free < kept * size:
+            self.log(f"warning: {free / 2**20:.0f} MiB are free where the run writes ({self.log_path}) and its "
+                     f"checkpoints will take about {kept * size / 2**20:.0f} MiB ({kept} of ~{size / 2**20:.1f} MiB): "
+                     "set runner.keep_checkpoints, a larger runner.save_interval, or another runner.logger.log_path")
 
     # ---- the loop ----------------------------------------------------------------------------
     def _train(self, logger: MetricLogger) -> None:
@@ -106,7 +102,7 @@ class Runner:
         wall_offset = self.state.get("wall_time_s", 0.0)
         paused_at_last = self.state.get("eval_paused_s", 0.0)
         while self.state["step"] < cfg.runner.max_steps:
-            with deferred_sigint():  # Ctrl-C must not fall between submitting and recording the call
+            with deferred():  # a stop must not fall between submitting and recording the call
                 self.in_flight = self.graph.actor.call("train_step")
             metrics = wait_all(self.in_flight, watch=self.loops)[0]
             self.in_flight = []
@@ -149,6 +145,8 @@ class Runner:
             last = True
         if (last or (cfg.save_interval and step % cfg.save_interval == 0)) and self.last_saved_step != step:
             self._save()  # before the final evaluation, so a failing evaluation loses nothing
+        if take_save_request() and self.last_saved_step != step:  # SIGUSR1: a scheduler's warning
+            self.log(f"SIGUSR1: {self._save()} saved; the run goes on")
         if due and not reached and not paused and self.graph.rollout is not None:
             self._launch_eval()
             if last:  # the last record carries the final policy's evaluation
@@ -196,7 +194,13 @@ class Runner:
         videos = result.pop("videos", [])
         if videos:
             folder = run_folder.videos_folder(self.log_path, self.eval_launched_at)
-            write_videos(videos, folder, self.cfg.runner.eval_video_fps)
+            try:
+                write_videos(videos, folder, self.cfg.runner.eval_video_fps)
+            except OSError as err:  # the run's folder is full, over quota or read-only: end the run, say so
+                code = run_folder.storage_errno(err)
+                if code is None:
+                    raise
+                raise run_folder.storage_error(f"the evaluation videos in {folder}", self.log_path, code) from None
             self.log(f"{len(videos)} evaluation videos written to {folder}")
             self.videos_to_log.append((self.eval_launched_at, videos))
         record.update(result)
@@ -207,7 +211,9 @@ class Runner:
         def write_contents(folder: str) -> int:
             return wait_all(self.graph.actor.call("save_checkpoint", folder), timeout=600)[0]
 
-        path = run_folder.write_checkpoint(self.checkpoint_root, self.state["step"], write_contents, self.state)
+        with deferred():  # a stop that comes while it is written waits for the checkpoint
+            path = run_folder.write_checkpoint(self.checkpoint_root, self.state["step"], write_contents, self.state,
+                                               self.cfg.runner.resume_dir)
         self.last_saved_step = self.state["step"]
         self.log(f"checkpoint saved: {path}")
         keep = self.cfg.runner.keep_checkpoints
@@ -216,15 +222,25 @@ class Runner:
             self.log(f"removed old checkpoint {old} (runner.keep_checkpoints={keep})")
         return path
 
-    def _on_interrupt(self) -> None:
-        """Ctrl-C: let the step in flight finish (briefly), save, then stop everything."""
-        self.log("interrupted: finishing the step in flight and saving a checkpoint")
+    def _on_stop(self) -> Optional[str]:
+        """Ctrl-C or a scheduler's SIGTERM: let the step in flight finish (briefly), save, then
+        stop everything; returns the checkpoint holding the run's state (None: there is none).
+        Further signals meanwhile are held back: they must not cut the checkpoint short."""
+        grace = self.cfg.runner.preemption_grace_s / 2 if preempted() else INTERRUPT_GRACE_S
+        what = f"preempted ({signal.Signals(stop_signal()).name})" if preempted() else "interrupted"
+        with contextlib.suppress(KeyboardInterrupt), deferred():
+            self.log(f"{what}: finishing the step in flight and saving a checkpoint")
+            self._save_after_stop(grace)
+        saved = run_folder.latest_checkpoint(self.checkpoint_root)
+        return saved or self.cfg.runner.resume_dir
+
+    def _save_after_stop(self, grace_s: float) -> None:
         if not self.started:  # still starting (maybe loading the checkpoint we resume from): save nothing
-            self.log("interrupted during start-up: no new checkpoint written")
+            self.log("stopped during start-up: no new checkpoint written")
             return
         if self.in_flight:
             try:
-                self._count_finished_step(wait_all(self.in_flight, watch=self.loops, timeout=INTERRUPT_GRACE_S)[0])
+                self._count_finished_step(wait_all(self.in_flight, watch=self.loops, timeout=grace_s)[0])
             except (TimeoutError, WorkerFailed) as err:
                 # the trainer is mid-step: its state is not a consistent checkpoint
                 self.log(f"the step in flight did not finish ({err}); the last saved checkpoint "
@@ -254,6 +270,11 @@ class Runner:
                 getattr(channel, "destroy", channel.close)()
             except Exception:
                 pass
+        for pending in [*self.in_flight, *filter(None, [self.eval_in_flight])]:
+            try:  # failed with its channels: taken here, so Ray does not print it as an unhandled error
+                pending.result(timeout=5)
+            except Exception:
+                pass
         for group in self.graph.groups.values():
             try:
                 wait_all(group.call("close"), timeout=5)
@@ -269,11 +290,14 @@ class Runner:
         try:
             self._start()
             self._train(logger)
-        except KeyboardInterrupt:
-            self._on_interrupt()
+        except KeyboardInterrupt as stop:  # Ctrl-C, or a scheduler's SIGTERM (signals.preempted())
+            stop.checkpoint = self._on_stop()
             raise
         finally:
-            logger.close()
-            self._shutdown()
+            with contextlib.suppress(KeyboardInterrupt), deferred():  # no process left behind
+                try:
+                    logger.close()
+                finally:
+                    self._shutdown()
         return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
                 "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals}

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from embodied_async.private_files import private_ray_token, ray_temp_dir
+from embodied_async.signals import install_driver_handlers
 
 
 class WorkerFailed(RuntimeError):
@@ -75,10 +74,9 @@ def init_ray(num_nodes: int) -> None:
         print(f"[runner] warning: RAY_AUTH_MODE is {auth or 'unset'}: {where} does not ask its clients for a token, so "
               "any process that reaches its ports can run code as this user. Start Ray with RAY_AUTH_MODE=token "
               "(README, 'Shared machines and clusters')", file=sys.stderr, flush=True)
-    # Ray swaps the driver's SIGINT handler for its own, which swallows Ctrl-C while we wait on
-    # workers; restore Python's so Ctrl-C raises KeyboardInterrupt and the runner can save.
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ray swaps the driver's handlers for its own (its SIGINT handler swallows Ctrl-C while we
+    # wait on workers, its SIGTERM handler exits): ours again, so a stop saves first
+    install_driver_handlers()
 
 
 def _alive_nodes(resource: str) -> List[dict]:
@@ -249,8 +247,16 @@ def _raise_for_ended_loop(watch: Sequence[Pending], pending: Sequence[Pending] =
     try:
         call.result()
     except Exception as err:  # the worker's own error, re-raised with its name
-        raise WorkerFailed(f"{call.label} failed: {err}") from err
+        raise WorkerFailed(f"{call.label} failed: {_worker_error_text(err)}") from err
     raise WorkerFailed(f"{call.label} stopped unexpectedly")
+
+
+def _worker_error_text(err: Exception) -> str:
+    """Ray's text of a worker's error is the worker's traceback; an error whose message is the
+    whole report (its class sets ``reported_in_full``, e.g. the env worker's non-finite value) is
+    read without it, in one line."""
+    cause = getattr(err, "cause", err)  # a RayTaskError carries the worker's own exception
+    return str(cause) if getattr(cause, "reported_in_full", False) else str(err)
 
 
 def _died(loop: Pending) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -23,19 +23,46 @@ from embodied_async.workers.base import (
 POLL_SECONDS = 0.5  # how often a blocked loop looks at its stop flag
 
 
-def _invalid_rows(out: EnvOutput, max_abs: float) -> np.ndarray:
-    """Rows whose reward or any float observation is NaN/inf or beyond ``max_abs`` in magnitude
-    (a finite but absurd value, e.g. 1e30 from an exploding simulator, is as useless as a NaN)."""
-    def bad_values(value: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore"):
-            return ~(np.abs(value) <= max_abs)  # NaN compares False, so it counts as bad
+def _bad_values(value: np.ndarray, max_abs: float) -> np.ndarray:
+    """NaN, inf, or beyond ``max_abs`` in magnitude (a finite but absurd value, e.g. 1e30 from an
+    exploding simulator, is as useless as a NaN)."""
+    with np.errstate(invalid="ignore"):
+        return ~(np.abs(value) <= max_abs)  # NaN compares False, so it counts as bad
 
-    bad = bad_values(np.asarray(out.rewards, dtype=np.float64))
-    for obs in (out.obs, out.final_obs or {}):
-        for value in obs.values():
+
+def _checked_values(out: EnvOutput):
+    """``(key, [B, N] values)`` of every float array the check covers: the rewards, the
+    observations and the final observations (named ``final_obs/<key>``)."""
+    yield "rewards", np.asarray(out.rewards, dtype=np.float64).reshape(-1, 1)
+    for prefix, obs in (("", out.obs), ("final_obs/", out.final_obs or {})):
+        for key, value in obs.items():
             if isinstance(value, np.ndarray) and value.dtype.kind == "f":
-                bad |= bad_values(value.reshape(value.shape[0], -1)).any(axis=1)
+                yield prefix + key, value.reshape(value.shape[0], -1)
+
+
+def _invalid_rows(out: EnvOutput, max_abs: float) -> np.ndarray:
+    """Rows (sub-envs) whose reward or any float observation is NaN/inf or beyond ``max_abs``."""
+    bad = np.zeros(len(out.rewards), dtype=bool)
+    for _, values in _checked_values(out):
+        bad |= _bad_values(values, max_abs).any(axis=1)
     return bad
+
+
+def _first_invalid(out: EnvOutput, max_abs: float) -> Tuple[int, str, float]:
+    """``(sub-env, key, value)`` of the first bad value, rewards first: what the error names."""
+    for key, values in _checked_values(out):
+        bad = _bad_values(values, max_abs)
+        rows = np.flatnonzero(bad.any(axis=1))
+        if len(rows):
+            return int(rows[0]), key, float(values[rows[0]][bad[rows[0]]][0])
+    raise ValueError("no invalid value in this env output")
+
+
+class NonFiniteEnvValue(RuntimeError):
+    """An env gave a non-finite (or beyond ``env.max_abs_value``) value under
+    ``env.on_nonfinite=stop``: the message is the whole report, one line."""
+
+    reported_in_full = True  # scheduler.worker_group shows the message alone, not Ray's traceback of it
 
 
 class EpisodeStats:
@@ -130,11 +157,25 @@ class EnvWorker:
     def spec(self) -> EnvSpec:
         return self.envs[0].spec
 
+    def _nonfinite_error(self, stage: int, out: EnvOutput) -> NonFiniteEnvValue:
+        max_abs = self.cfg.env.max_abs_value
+        sub_env, key, value = _first_invalid(out, max_abs)
+        # the step being checked: _begin_groups counts it only once it has passed this check
+        step = self._decisions[stage] + 1
+        return NonFiniteEnvValue(
+            f"env worker {self.rank}, sub-env {sub_env} of stage {stage}: {key}={value:g} at step {step} of that "
+            f"stage (non-finite or beyond env.max_abs_value={max_abs:g}); look at the simulator or the task "
+            f"'{self.cfg.env.name}', or set env.on_nonfinite=drop to drop such samples and reset the sub-env")
+
     def _sanitize(self, stage: int, out: EnvOutput) -> EnvOutput:
-        """Drop non-finite or absurd samples: mark them invalid, end their episode, reset the sub-env."""
+        """Check every float observation and the rewards (``env.on_nonfinite``): "stop" raises
+        ``NonFiniteEnvValue``; "drop" marks the bad samples invalid, ends their episode and resets
+        their sub-env."""
         bad = _invalid_rows(out, self.cfg.env.max_abs_value)
         if not bad.any():
             return out
+        if self.cfg.env.on_nonfinite == "stop":
+            raise self._nonfinite_error(stage, out)
         idx = np.flatnonzero(bad)
         fresh = self.envs[stage].reset_envs(idx)
         for key, value in fresh.items():

@@ -204,6 +204,16 @@ class TrainerCore:
         return self.version
 
     # ---- checkpoints -------------------------------------------------------------------------
+    def checkpoint_bytes(self) -> int:
+        """About what one checkpoint takes on disk: the trainable parameters in float32 with Adam's
+        two moments of each, and the frozen weights too under ``runner.checkpoint_frozen_weights``
+        (sizes of the whole policy: a sharded parameter counts all its shards)."""
+        params = list(self.policy.parameters())
+        size = sum(p.numel() for p in params if p.requires_grad) * 4 * 3
+        if self.cfg.runner.checkpoint_frozen_weights:
+            size += sum(p.numel() * p.element_size() for p in params if not p.requires_grad)
+        return size
+
     def save_checkpoint(self, folder: str) -> int:
         """Collective; rank 0 writes the model state, optimiser state and counters (no pickle)."""
         if not self._update_lock.acquire(timeout=SAVE_LOCK_TIMEOUT_S):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, List
+from typing import ClassVar, List, Optional
 
 from embodied_async.config.checks import bound, require
 from embodied_async.config.schema import EnvConfig
@@ -20,6 +20,10 @@ class SyntheticImageConfig(EnvConfig):
     action_dim: int = 7
     max_episode_steps: int = 80
     instruction: str = "move the cursor onto the marker"
+    # a test hook for drills of env.on_nonfinite: the first sub-env of every env of this family
+    # (each env worker's stage) returns a NaN reward at its k-th step since it was built, counted
+    # from 1 (with env.num_action_chunks=1, the env worker's step k of that stage). None: never.
+    nan_reward_at_step: Optional[int] = None
 
     builder: ClassVar[str] = "envs.synthetic.synthetic_env:SyntheticImageEnv"
 
@@ -29,6 +33,8 @@ class SyntheticImageConfig(EnvConfig):
                 f"env.image_size={image_size} must be [height, width], each >= 16; use e.g. [480, 640]")
         bound(self.action_dim, "env.action_dim", lambda v: v >= 1, "must be >= 1", "use e.g. 7")
         bound(self.max_episode_steps, "env.max_episode_steps", lambda v: v >= 1, "must be >= 1", "use e.g. 80")
+        bound(self.nan_reward_at_step, "env.nan_reward_at_step", lambda v: v >= 1, "must be >= 1",
+              "it is the step (from 1) whose reward becomes NaN", null="to never give one")
 
     def check_video(self) -> None:
         """Videos show the camera's frames."""

@@ -25,11 +25,14 @@ STEP_SIZE, REACHED = 0.1, 0.05
 class SyntheticSubEnv:
     """One cursor and one marker on the run's textured background (a ``contracts.SubEnv``)."""
 
-    def __init__(self, cfg: SyntheticImageConfig, background: np.ndarray, seed: int):
+    def __init__(self, cfg: SyntheticImageConfig, background: np.ndarray, seed: int,
+                 nan_reward_at_step: Optional[int] = None):
         self.cfg, self.background = cfg, background
         self.instruction = cfg.instruction
         self.rng = np.random.default_rng(seed)
         self.target, self.cursor, self.steps = 0.0, 0.0, 0
+        # the env.nan_reward_at_step drill: counted over episodes, so it fires once
+        self.nan_reward_at_step, self.steps_since_built = nan_reward_at_step, 0
 
     def reset(self, seed: Optional[int] = None) -> None:
         if seed is not None:
@@ -41,8 +44,10 @@ class SyntheticSubEnv:
         self.cursor = float(np.clip(self.cursor + STEP_SIZE * np.clip(action[0], -1, 1), -1, 1))
         after = abs(self.cursor - self.target)
         self.steps += 1
+        self.steps_since_built += 1
         reached = after < REACHED
-        return SubStep(reward=before - after, success=reached, terminated=reached,
+        reward = np.nan if self.steps_since_built == self.nan_reward_at_step else before - after
+        return SubStep(reward=reward, success=reached, terminated=reached,
                        truncated=not reached and self.steps >= int(self.cfg.max_episode_steps))
 
     def _column(self, position: float) -> int:
@@ -78,8 +83,9 @@ class SyntheticImageEnv(SerialEnv):
         noise = rng.integers(0, 40, (height, width, 3))
         background = np.clip(rows + cols + noise + np.array([20, 40, 60]), 0, 255).astype(np.uint8)
         bounds = [1.0] * env_cfg.action_dim
-        super().__init__([SyntheticSubEnv(env_cfg, background, seed + i) for i in range(int(num_envs))],
-                         [-b for b in bounds], bounds, env_cfg.terminal_on_success)
+        subs = [SyntheticSubEnv(env_cfg, background, seed + i, env_cfg.nan_reward_at_step if i == 0 else None)
+                for i in range(int(num_envs))]
+        super().__init__(subs, [-b for b in bounds], bounds, env_cfg.terminal_on_success)
         self.spec = EnvSpec.from_observation(
             self.reset(seed=seed).obs, action_dim=env_cfg.action_dim, num_action_chunks=env_cfg.num_action_chunks,
             action_low=self.action_low.tolist(), action_high=self.action_high.tolist(),

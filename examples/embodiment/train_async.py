@@ -1,24 +1,35 @@
 """Hydra entry point: ``python examples/embodiment/train_async.py --config-name <recipe> [key=value ...]``.
 
 The composed config is validated against the typed schema (and each family's own config) and
-its topology resolved before any worker starts.
+its topology resolved before any worker starts. The command itself only launches: the run's
+driver is a child in a process group of its own, to which it forwards a scheduler's signals
+(``embodied_async.signals``: SIGTERM saves and stops, SIGUSR1 saves and goes on).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from embodied_async.signals import is_driver, run_driver_in_own_group
 
-from embodied_async.config import ConfigError, resolve
-from embodied_async.config.hydra_schema import register_schema
+if __name__ == "__main__" and not is_driver():  # before the imports below: the launcher stays light
+    sys.exit(run_driver_in_own_group(sys.argv))
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from embodied_async.config import ConfigError, resolve  # noqa: E402
+from embodied_async.config.hydra_schema import register_schema  # noqa: E402
+from embodied_async.signals import exit_code, install_driver_handlers, preempted, stop_signal  # noqa: E402
 
 register_schema()
 
 
 @hydra.main(config_path="../../configs", config_name="maniskill_async_ppo_mlp", version_base=None)
 def main(cfg: DictConfig) -> None:
+    install_driver_handlers()
     try:
         train_cfg, topology = resolve(cfg)
     except ConfigError as err:
@@ -37,27 +48,47 @@ def main(cfg: DictConfig) -> None:
     from embodied_async.checkpoint_io import CheckpointError
     from embodied_async.datasets.lerobot_format import DatasetError
     from embodied_async.private_files import FolderRefused
+    from embodied_async.run_folder import StorageError
     from embodied_async.runner import run
     from embodied_async.scheduler.worker_group import WorkerFailed
 
     try:
         result = run(train_cfg, topology)
-    except KeyboardInterrupt:
-        print("[train_async] stopped by Ctrl-C", file=sys.stderr, flush=True)
-        sys.exit(130)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or a scheduler's SIGTERM
+        by = signal.Signals(stop_signal()).name if preempted() else "Ctrl-C"
+        print(f"[train_async] stopped by {by}{where_it_stands(getattr(stop, 'checkpoint', None))}", file=sys.stderr,
+              flush=True)
+        sys.exit(exit_code())
     except CheckpointError as err:
         print(f"checkpoint error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except DatasetError as err:
-        print(f"dataset error: {err}", file=sys.stderr, flush=True)
+    except DatasetError as err:  # raised in a trainer process, Ray wraps it: its own line, not Ray's traceback
+        print(f"dataset error: {getattr(err, 'cause', None) or err}", file=sys.stderr, flush=True)
         sys.exit(2)
     except FolderRefused as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except StorageError as err:
+        print(f"storage error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except WorkerFailed as err:
         print(f"[train_async] a worker failed, stopping the run: {err}", file=sys.stderr, flush=True)
         sys.exit(1)
     print(f"[train_async] done: {result}", flush=True)
+
+
+def where_it_stands(checkpoint) -> str:
+    """The checkpoint a stopped run can resume from, and the command that does."""
+    import shlex
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if not checkpoint:
+        return ": no checkpoint was written (the run had not finished an update)"
+    job = HydraConfig.get()
+    overrides = [o for o in job.overrides.task if not o.startswith("runner.resume_dir=")]
+    command = ["bash", "scripts/run_async.sh", job.job.config_name, *overrides, f"runner.resume_dir={checkpoint}"]
+    return f"; its state is in {os.path.abspath(checkpoint)}; resume with:  {shlex.join(command)}"
 
 
 def refuse_renamed_recipe(argv) -> None:

@@ -24,7 +24,8 @@ ARCHITECTURE_KEYS = {"mlp": ("hidden_sizes", "activation", "init_log_std", "norm
 
 
 def export_state_policy(request: ExportRequest) -> ExportResult:
-    cfg, spec = request.model_cfg, request.env_spec
+    # the architecture the policy was built with: a folder's (model.path) wins over the recipe's
+    cfg, spec = getattr(request.policy, "architecture_config", request.model_cfg), request.env_spec
     config = {"format": FORMAT, "version": FORMAT_VERSION, "family": cfg.name,
               "architecture": {k: _plain(getattr(cfg, k)) for k in ARCHITECTURE_KEYS[cfg.name]},
               "observation_shapes": {k: list(v) for k, v in spec.obs_shapes.items() if k in ("states", "main_images")},
@@ -38,8 +39,7 @@ def export_state_policy(request: ExportRequest) -> ExportResult:
             "and action shapes (e.g. `scripts/eval.py <this folder> --recipe <recipe>`, or as the start of another "
             "run). The folder's architecture wins over the recipe's. In plain PyTorch: `safetensors.torch.load_file"
             "(\"model.safetensors\")` holds every tensor; config.json says how they fit.")
-    return ExportResult(format=f"{cfg.name.upper()} policy (safetensors + config.json)", load_with=load,
-                        files=["config.json", "model.safetensors"])
+    return ExportResult(format=f"{cfg.name.upper()} policy (safetensors + config.json)", load_with=load)
 
 
 def _plain(value: Any) -> Any:
@@ -79,10 +79,14 @@ def build_from_folder(policy_cls, cfg, env_spec):
                          f"values and {expected[2]} actions per decision, and this env gives {env_shapes}, "
                          f"{env_spec.action_dim} and {env_spec.num_action_chunks}: use an env with the same shapes")
     policy = policy_cls(cfg, env_spec)
+    policy.architecture_config = cfg
     state = load_file(os.path.join(cfg.path, "model.safetensors"))
     if policy.critic is None:  # a value-free run (grpo) keeps the actor only
         state = {k: v for k, v in state.items() if not k.startswith("critic.")}
-    missing, unexpected = policy.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = policy.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that do not fit: a config.json edited by hand
+        raise ValueError(f"model.path={cfg.path!r}: its tensors do not fit its config.json ({err})") from None
     critic_fresh = [k for k in missing if k.startswith("critic.")]
     if unexpected or len(missing) != len(critic_fresh):
         raise ValueError(f"model.path={cfg.path!r}: its tensors do not fit the {cfg.name} policy (missing "

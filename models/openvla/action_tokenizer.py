@@ -125,9 +125,13 @@ def _bounds(stats: Mapping[str, Any], action_dim: int) -> Tuple[np.ndarray, np.n
     return low, high, mask
 
 
-def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None,
-                     whole_entry: bool = False) -> Mapping[str, Any]:
-    """Returns ``norm_stats[unnorm_key]['action']`` (``whole_entry``: ``norm_stats[unnorm_key]``).
+def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None) -> Mapping[str, Any]:
+    """Returns ``norm_stats[unnorm_key]['action']`` (see :func:`norm_stats_entry`)."""
+    return norm_stats_entry(norm_stats, unnorm_key)["action"]
+
+
+def norm_stats_entry(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None) -> Mapping[str, Any]:
+    """Returns ``norm_stats[unnorm_key]``: one dataset's statistics (action, proprio, counts).
 
     With ``unnorm_key=None`` the single dataset is used when there is exactly one; otherwise, and
     for an unknown key, raises ``ValueError`` listing the available keys so the caller can fix it.
@@ -142,7 +146,7 @@ def get_action_stats(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = 
         unnorm_key = next(iter(norm_stats))
     if unnorm_key not in norm_stats:
         raise ValueError(f"unnorm_key {unnorm_key!r} is not in norm_stats; available keys: {available}")
-    return norm_stats[unnorm_key] if whole_entry else norm_stats[unnorm_key]["action"]
+    return norm_stats[unnorm_key]
 
 
 def action_dim(norm_stats: Mapping[str, Any], unnorm_key: Optional[str] = None) -> int:

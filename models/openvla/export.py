@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from embodied_async.export import ExportRequest, ExportResult
 from models.vla import merge_lora
 
-from .action_tokenizer import get_action_stats
+from .action_tokenizer import norm_stats_entry
 from .modeling_openvla import weight_files
 from .official_layout import generation_config, official_config, official_preprocessor
 
@@ -48,7 +48,8 @@ def export_openvla(request: ExportRequest) -> ExportResult:
     preprocessor = _base_json(base, "preprocessor_config.json")
     if preprocessor is not None:
         _write_json(folder, "preprocessor_config.json", official_preprocessor(preprocessor))
-    files = _write_weights(policy.vla, folder, dtype) + _copy_base_files(base, folder)
+    _write_weights(policy.vla, folder, dtype)
+    _copy_base_files(base, folder)
     if merged:
         notes.append(f"LoRA adapters of {merged} layers merged into the weights")
     if policy.value_head is not None:
@@ -60,15 +61,14 @@ def export_openvla(request: ExportRequest) -> ExportResult:
         notes.append("no remote code: the base checkpoint had none (copy configuration_prismatic.py, "
                      "modeling_prismatic.py and processing_prismatic.py of openvla/openvla-7b here for "
                      "trust_remote_code, or load it with the classes of OpenVLA's repository)")
-    return ExportResult(format="OpenVLA (Hugging Face)", load_with=_load_with(request.stats_key), notes=notes,
-                        files=sorted(REWRITTEN + tuple(files)))
+    return ExportResult(format="OpenVLA (Hugging Face)", load_with=_load_with(request.stats_key), notes=notes)
 
 
 def _norm_stats_entry(policy, request: ExportRequest, base_config: Dict[str, Any], notes: List[str]) -> Dict:
     """The base's entry for the policy's statistics, with the q01 / q99 / mask the policy acts
     with; min / max / mean / std / counts from the SFT dataset when the policy's range came from
     one, dropped (and said) when they cannot be known."""
-    base_entry = get_action_stats(base_config.get("norm_stats") or {}, request.model_cfg.unnorm_key, whole_entry=True)
+    base_entry = norm_stats_entry(base_config.get("norm_stats") or {}, request.model_cfg.unnorm_key)
     entry = json.loads(json.dumps(base_entry))  # a deep copy of plain data
     stats = policy.action_stats
     action = entry.setdefault("action", {})

@@ -82,10 +82,8 @@ def _write_json(folder: str, name: str, content: dict, indent: int = 2) -> None:
 
 
 def _dims(request: ExportRequest) -> Tuple[int, int]:
-    """(state, action) sizes the policy acts with: the env's, else the checkpoint's."""
-    arch, spec = request.policy.model.arch, request.env_spec
-    if spec is None:
-        return arch.state_dim, arch.action_dim
+    """(state, action) sizes the policy acts with: the env's."""
+    spec = request.env_spec
     return int(spec.obs_shapes["states"][0]), int(spec.action_dim)
 
 
@@ -261,7 +259,6 @@ def export_pi0(request: ExportRequest) -> ExportResult:
     _write_json(request.folder, CONFIG_FILE, lerobot_config(request, base_config), indent=4)  # as LeRobot's
     weights = lerobot_weights(request)
     save_file(weights, os.path.join(request.folder, WEIGHTS_FILE), metadata={TIED_EMBEDDING[0]: TIED_EMBEDDING[1]})
-    processors = write_processors(request, base_config)
+    write_processors(request, base_config)
     meta = _write_meta(request)
-    return ExportResult(format=FORMAT, load_with=LOAD_WITH, notes=_notes(request, merged, weights, meta),
-                        files=[CONFIG_FILE, WEIGHTS_FILE, *processors, *meta])
+    return ExportResult(format=FORMAT, load_with=LOAD_WITH, notes=_notes(request, merged, weights, meta))

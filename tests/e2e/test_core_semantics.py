@@ -19,6 +19,9 @@ pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a reci
 
 LOCAL = ["cluster.backend=local", "cluster.component_placement.env=0", "cluster.component_placement.rollout=0",
          "cluster.component_placement.actor=0", "runner.val_check_interval=0"]
+# the point env that gives a NaN, an inf and a 1e30 now and then: these tests want its samples
+# dropped (env.on_nonfinite=drop), not the run ended
+FAULTY = ["env.name=faulty_point", "env.on_nonfinite=drop"]
 
 
 def train_records(cfg):
@@ -55,7 +58,7 @@ def test_failure_is_terminal_success_follows_the_setting_time_limit_bootstraps(m
 def test_rollout_store_lag_histogram_and_drops(make_config):
     """Two trajectories per update, all of them from the current version: the rollout's leftovers
     of the previous version go stale and are dropped, and training goes on."""
-    cfg = make_config(*LOCAL, "env.name=faulty_point", "algorithm.rollout_store_size_per_rank=2",
+    cfg = make_config(*LOCAL, *FAULTY, "algorithm.rollout_store_size_per_rank=2",
                       "algorithm.on_policy_min_ratio=1.0", "algorithm.staleness_threshold=1",
                       "runner.max_steps=6", "runner.save_interval=0")
     assert Runner(cfg).run()["step"] == 6
@@ -71,7 +74,7 @@ def test_rollout_store_lag_histogram_and_drops(make_config):
 
 @pytest.mark.parametrize("staleness, ratio", [(0, 0.0), (1, 0.5), (2, 0.0)])
 def test_store_sizes_train_without_deadlock_within_the_staleness_bound(make_config, staleness, ratio):
-    cfg = make_config(*LOCAL, "env.name=faulty_point", "env.pipeline_stage_num=2",
+    cfg = make_config(*LOCAL, *FAULTY, "env.pipeline_stage_num=2",
                       "algorithm.rollout_store_size_per_rank=2", f"algorithm.on_policy_min_ratio={ratio}",
                       f"algorithm.staleness_threshold={staleness}", "runner.max_steps=4", "runner.save_interval=0")
     assert Runner(cfg).run()["step"] == 4
@@ -84,7 +87,7 @@ def test_store_sizes_train_without_deadlock_within_the_staleness_bound(make_conf
 
 
 def test_one_normaliser_saved_without_pickle_and_absurd_values_dropped(make_config, monkeypatch):
-    cfg = make_config(*LOCAL, "env.name=faulty_point", "runner.max_steps=3", "runner.save_interval=3")
+    cfg = make_config(*LOCAL, *FAULTY, "runner.max_steps=3", "runner.save_interval=3")
     Runner(cfg).run()
     records = train_records(cfg)
     assert sum(r["env/nonfinite_dropped"] for r in records) == 4  # nan, inf, 1e30, nan
@@ -119,14 +122,14 @@ def test_one_normaliser_saved_without_pickle_and_absurd_values_dropped(make_conf
 
 
 def test_tampered_checkpoint_is_refused_naming_the_file(make_config):
-    cfg = make_config(*LOCAL, "env.name=faulty_point", "runner.max_steps=1", "runner.save_interval=1")
+    cfg = make_config(*LOCAL, *FAULTY, "runner.max_steps=1", "runner.save_interval=1")
     Runner(cfg).run()
     checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_1")
     path = os.path.join(checkpoint, "optimizer.safetensors")
     data = bytearray(open(path, "rb").read())
     data[-1] ^= 0xFF
     open(path, "wb").write(bytes(data))
-    resumed = make_config(*LOCAL, "env.name=faulty_point", f"runner.resume_dir={checkpoint}", "runner.max_steps=2")
+    resumed = make_config(*LOCAL, *FAULTY, f"runner.resume_dir={checkpoint}", "runner.max_steps=2")
     with pytest.raises(CheckpointError, match="optimizer.safetensors"):
         Runner(resumed).run()
     os.truncate(path, 10)
@@ -135,11 +138,11 @@ def test_tampered_checkpoint_is_refused_naming_the_file(make_config):
 
 
 def test_resume_restores_the_normaliser_and_the_rollout_uses_it(make_config):
-    cfg = make_config(*LOCAL, "env.name=faulty_point", "runner.max_steps=2", "runner.save_interval=2")
+    cfg = make_config(*LOCAL, *FAULTY, "runner.max_steps=2", "runner.save_interval=2")
     Runner(cfg).run()
     checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_2")
     saved = load_tree(checkpoint, "model")
-    resumed_cfg = make_config(*LOCAL, "env.name=faulty_point", f"runner.resume_dir={checkpoint}",
+    resumed_cfg = make_config(*LOCAL, *FAULTY, f"runner.resume_dir={checkpoint}",
                               "runner.max_steps=2")
     runner = Runner(resumed_cfg)
     runner._start()

@@ -13,6 +13,10 @@ from embodied_async.scheduler.worker_group import WorkerFailed
 
 pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
 
+# the point env that gives a NaN, an inf and a 1e30 now and then: these tests want its samples
+# dropped (env.on_nonfinite=drop), not the run ended
+FAULTY = ["env.name=faulty_point", "env.on_nonfinite=drop"]
+
 
 def read_records(cfg):
     with open(os.path.join(cfg.runner.logger.log_path, "metrics.jsonl")) as f:
@@ -59,7 +63,7 @@ def test_one_update_in_process_graph(make_config):
 
 
 def test_nonfinite_env_values_are_dropped(make_config):
-    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+    cfg = make_config("cluster.backend=local", *FAULTY, "cluster.component_placement.env=0",
                       "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
                       "runner.max_steps=2", "runner.val_check_interval=0", "runner.save_interval=0")
     Runner(cfg).run()
@@ -82,7 +86,7 @@ def test_dead_worker_fails_the_run_with_its_error(make_config):
 
 def test_interpolated_proximal_logprobs_train(make_config):
     """rollout.recompute_logprobs=false: log pi_proximal is interpolated by version instead."""
-    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+    cfg = make_config("cluster.backend=local", *FAULTY, "cluster.component_placement.env=0",
                       "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
                       "rollout.recompute_logprobs=false", "runner.max_steps=3", "runner.val_check_interval=0",
                       "runner.save_interval=0")
@@ -96,7 +100,7 @@ def test_interpolated_proximal_logprobs_train(make_config):
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_pipeline_stages_sync_and_async(make_config, staleness):
     """Two pipeline stages per env worker; synchronous PPO must not deadlock on the throttle."""
-    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+    cfg = make_config("cluster.backend=local", *FAULTY, "cluster.component_placement.env=0",
                       "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
                       "env.pipeline_stage_num=2", f"algorithm.staleness_threshold={staleness}",
                       "runner.max_steps=3", "runner.val_check_interval=0", "runner.save_interval=0")
@@ -247,7 +251,7 @@ def test_a_paused_evaluation_stops_the_graph_and_the_clock(make_config, monkeypa
 
     monkeypatch.setattr(EnvWorker, "_sanitize", counting_sanitize)
     monkeypatch.setattr(RolloutWorker, "_run_evaluation", slow_evaluation)
-    cfg = make_config("cluster.backend=local", "env.name=faulty_point", "cluster.component_placement.env=0",
+    cfg = make_config("cluster.backend=local", *FAULTY, "cluster.component_placement.env=0",
                       "cluster.component_placement.rollout=0", "cluster.component_placement.actor=0",
                       "runner.max_steps=4", "runner.val_check_interval=2", "runner.save_interval=0",
                       f"runner.eval_pauses_training={str(pauses).lower()}")

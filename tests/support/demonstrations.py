@@ -54,3 +54,11 @@ def run_tiny_sft(family: str, tmp_path, *overrides: str):
     with open(checkpoint / "model_info.json") as f:
         assert json.load(f)["family"] == family
     return checkpoint, records
+
+
+def recipe_env_config(config_name: str, *overrides: str):
+    """The env config of recipe ``config_name`` (with ``overrides``): demonstrations shaped like
+    the env a recipe's run checks its dataset against."""
+    register_schema()
+    with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "configs"), version_base=None):
+        return to_train_config(compose(config_name=config_name, overrides=list(overrides))).env
