@@ -219,7 +219,9 @@ def training_dataset(checkpoint: str, spec) -> Optional[Dict[str, Any]]:
         if raw.runner.mode == "sft":
             data = OmegaConf.to_container(raw.dataset, resolve=True)
             try:
-                reader, keys = open_dataset(data["root"], data["keys"], spec, 1, data.get("recorded_hz"))
+                # its statistics are what the card needs, whether or not its videos are still there
+                reader, keys = open_dataset(data["root"], data["keys"], spec, 1, data.get("recorded_hz"),
+                                            check_videos=False)
             except Exception:  # moved or deleted since: the exporter says what it could not write
                 return None
             return {"root": str(data["root"]), "episodes": reader.num_episodes, "frames": len(reader),

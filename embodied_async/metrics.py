@@ -44,7 +44,8 @@ class MetricLogger:
         os.makedirs(log_path, exist_ok=True)
         self.log_path = log_path
         self.path = os.path.join(log_path, "metrics.jsonl")
-        self._file = open(self.path, "a", buffering=1)
+        with self._storage_errors_end_the_run():
+            self._file = open(self.path, "a", buffering=1)
         try:
             self._trackers = open_trackers(backends, log_path, project, run_config)
         except BaseException:

@@ -41,7 +41,14 @@ EXAMPLE = "logs/<run>/checkpoints/global_step_<N>"
 # foreign folder), as an errno and as the text it reaches us in from another process (safetensors'
 # Rust errors say "os error N")
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+# only these are taken from an error's text (a worker's traceback names many files: a permission
+# error there may be anyone's, a full disk is this run's as soon as its own write failed)
+FULL = (errno.ENOSPC, errno.EDQUOT)
 ERRNO_IN_TEXT = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
+WHAT_TO_DO = {errno.ENOSPC: "make room", errno.EDQUOT: "make room within the quota (or raise it)",
+              errno.EROFS: "mount the folder writable (or choose runner.logger.log_path elsewhere)",
+              errno.EACCES: "make the folder writable (or choose runner.logger.log_path elsewhere)",
+              errno.EPERM: "make the folder writable (or choose runner.logger.log_path elsewhere)"}
 
 
 class StorageError(RuntimeError):
@@ -158,19 +165,20 @@ def write_checkpoint(root: str, step: int, write_contents: Callable[[str], int],
 
 
 def storage_errno(err: BaseException) -> Optional[int]:
-    """The errno of a storage failure behind ``err`` (its causes followed; an error raised in a
-    worker process arrives as text), None for any other error."""
+    """The errno of a storage failure behind ``err`` (its causes followed, and the worker's own
+    error inside Ray's wrapper): any of STORAGE_ERRNOS from an OSError, only a full disk or quota
+    from text (an error that crossed a process as text); None for any other error."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
             return err.errno
         codes = [int(a or b) for a, b in ERRNO_IN_TEXT.findall(str(err))]
-        codes += [code for code in STORAGE_ERRNOS if os.strerror(code) in str(err)]
-        found = [code for code in codes if code in STORAGE_ERRNOS]
+        codes += [code for code in FULL if os.strerror(code) in str(err)]
+        found = [code for code in codes if code in FULL]
         if found:
             return found[0]
-        err = err.__cause__ or err.__context__
+        err = getattr(err, "cause", None) or err.__cause__ or err.__context__
     return None
 
 
@@ -181,8 +189,9 @@ def storage_error(what: str, log_or_root: str, code: int, resumed_from: Optional
     place = next(p for p in (root, os.path.dirname(root), "/") if os.path.exists(p))
     free = shutil.disk_usage(place).free
     latest = latest_checkpoint(root) or resumed_from
-    then = (f"the last complete checkpoint, {latest}, is whole: make room and resume with runner.resume_dir={latest}"
-            if latest else "no checkpoint was completed yet: make room and start the run again")
+    todo = WHAT_TO_DO[code]
+    then = (f"the last complete checkpoint, {latest}, is whole: {todo} and resume with runner.resume_dir={latest}"
+            if latest else f"no checkpoint was completed yet: {todo} and start the run again")
     return StorageError(f"cannot write {what}: {os.strerror(code)} ({free / 2**20:.1f} MiB free where the run "
                         f"writes, {os.path.dirname(root)}); {then}")
 
@@ -199,7 +208,12 @@ def _write_checkpoint(root: str, final: str, write_contents: Callable[[str], int
     if os.path.exists(final):
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-    os.replace(tmp, final)
+    try:
+        os.replace(tmp, final)
+    except BaseException:  # the same step's earlier checkpoint goes back in place
+        if os.path.exists(old) and not os.path.exists(final):
+            os.replace(old, final)
+        raise
     shutil.rmtree(old, ignore_errors=True)
     with open(os.path.join(root, LATEST + ".tmp"), "w") as f:
         f.write(os.path.basename(final) + "\n")

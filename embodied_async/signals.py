@@ -12,6 +12,12 @@ save. So the launcher (``examples/embodiment/train_async.py``) runs the driver i
 of its own (:func:`run_driver_in_own_group`; the same session, so a terminal still owns it) and
 forwards each signal to it once; the driver handles them here. Should the launcher itself be
 killed outright, the kernel sends the driver SIGTERM.
+
+In the driver the handlers stay installed for the whole run; what they do depends on the moment:
+the first stop raises (KeyboardInterrupt, or :class:`Preempted`) unless the run is inside
+:func:`deferred` (a checkpoint being written, a call being recorded), where it is held and raised
+at the block's end; once the run is stopping, further signals are only recorded, so nothing cuts
+the checkpoint of the stop short.
 """
 
 from __future__ import annotations
@@ -46,56 +52,112 @@ class Preempted(KeyboardInterrupt):
 # ---- the launcher ----------------------------------------------------------------------------------
 
 def is_driver() -> bool:
-    return os.environ.get(DRIVER_ENV) == "1"
+    """Whether this process is the driver the launcher started (the mark is taken off at once,
+    so that a process the driver starts is not taken for one)."""
+    return os.environ.pop(DRIVER_ENV, None) == "1"
 
 
 def run_driver_in_own_group(argv: Sequence[str]) -> int:
-    """Run ``python argv`` as the driver in a process group of its own, forward SIGINT / SIGTERM /
-    SIGHUP / SIGUSR1 to it, and return its exit code (128 + N when a signal N ended it)."""
-    driver = subprocess.Popen([sys.executable, *argv], env=dict(os.environ, **{DRIVER_ENV: "1"}),
-                              preexec_fn=_own_group_ended_with_parent)
+    """Run ``python argv`` (with this interpreter's own options) as the driver in a process group
+    of its own, forward SIGINT / SIGTERM / SIGHUP / SIGUSR1 to it, and return its exit code
+    (128 + N when a signal N ended it)."""
+    started: List[subprocess.Popen] = []
 
     def forward(signum, _frame):
+        if not started:  # before the driver exists: it starts, then is told
+            pending.append(signum)
+            return
         try:
-            driver.send_signal(signum)
+            started[0].send_signal(signum)
         except ProcessLookupError:  # it ended meanwhile
             pass
 
-    for signum in FORWARDED:
+    pending: List[int] = []
+    for signum in FORWARDED:  # from before the driver starts: no signal falls between
         signal.signal(signum, forward)
-    code = driver.wait()
+    launcher = os.getpid()
+    started.append(subprocess.Popen([sys.executable, *argv], env=dict(os.environ, **{DRIVER_ENV: "1"}),
+                                    preexec_fn=lambda: _own_group_ended_with_parent(launcher)))
+    for signum in pending:
+        forward(signum, None)
+    code = started[0].wait()
     return 128 - code if code < 0 else code
 
 
-def _own_group_ended_with_parent() -> None:
+def _own_group_ended_with_parent(launcher: int) -> None:
     """In the driver, before it runs: a process group of its own (signals to the launcher's group
     reach it only as forwarded), and SIGTERM when the launcher dies (even by SIGKILL), so an
     orphaned run saves and stops instead of going on unseen."""
     os.setpgid(0, 0)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0 or os.getppid() != launcher:
+        os.kill(os.getpid(), signal.SIGTERM)  # no kernel watch, or the launcher is already gone
 
 
 # ---- the driver ------------------------------------------------------------------------------------
 
+_installed: List[bool] = []  # whether this process is a driver that took the signals over
 _save_requests: List[int] = []
 _stop_signals: List[int] = []  # the signals that stopped the run, first first
+_held: List[int] = []  # depth of deferred blocks
+_pending: List[int] = []  # a stop that came inside a deferred block
 
 
 def install_driver_handlers() -> None:
-    """SIGINT raises KeyboardInterrupt, SIGTERM / SIGHUP raise Preempted, SIGUSR1 asks for a
-    checkpoint. Called at the driver's start and again after ``ray.init``, which sets handlers of
-    its own (its SIGTERM handler would exit without a save)."""
+    """SIGINT / SIGTERM / SIGHUP stop the run (Ctrl-C a KeyboardInterrupt, the others Preempted),
+    SIGUSR1 asks for a checkpoint. Called at the driver's start and again after ``ray.init``, which
+    sets handlers of its own (its SIGTERM handler would exit without a save)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in (signal.SIGINT, *STOPPING):
-        signal.signal(signum, _raise_stop)
+        signal.signal(signum, _on_stop_signal)
     signal.signal(signal.SIGUSR1, lambda *_: _save_requests.append(signal.SIGUSR1))
+    _installed[:] = [True]
 
 
-def _raise_stop(signum, _frame=None):
+def restore_after_ray_init() -> None:
+    """``ray.init`` swaps the process's handlers for its own (its SIGINT handler swallows Ctrl-C
+    while we wait on workers, its SIGTERM handler exits): the driver's again, or, in a process that
+    is not a driver (a test, a notebook), Python's Ctrl-C."""
+    if _installed:
+        install_driver_handlers()
+    elif threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def reset() -> None:
+    """A fresh run in this process: no stop, no checkpoint asked for."""
+    for state in (_save_requests, _stop_signals, _held, _pending):
+        state.clear()
+
+
+def _on_stop_signal(signum, _frame=None):
+    if signum == signal.SIGHUP:  # the terminal is gone: writing to it would fail the save
+        _detach_from_terminal()
+    first = not _stop_signals
     _stop_signals.append(signum)
+    if not first:  # already stopping: the checkpoint of the first stop goes on
+        return
+    if _held:
+        _pending.append(signum)
+        return
+    _raise_stop(signum)
+
+
+def _raise_stop(signum: int):
     raise KeyboardInterrupt if signum == signal.SIGINT else Preempted(signum)
+
+
+def _detach_from_terminal() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (1, 2):
+        os.dup2(devnull, stream)
+    os.close(devnull)
+
+
+def stopping() -> bool:
+    """Whether a stop signal came (the run is, or is about to be, stopping)."""
+    return bool(_stop_signals)
 
 
 def stop_signal() -> Optional[int]:
@@ -120,24 +182,24 @@ def take_save_request() -> bool:
     return asked
 
 
+def preempted_during_ray_init(err: SystemExit) -> bool:
+    """``ray.init`` answers SIGTERM with its own ``sys.exit(SIGTERM)`` until ours are installed
+    again; such an exit is recorded as the stop it is."""
+    if err.code != signal.SIGTERM:
+        return False
+    _stop_signals.append(signal.SIGTERM)
+    return True
+
+
 @contextlib.contextmanager
 def deferred():
-    """Hold back Ctrl-C and SIGTERM inside the block; the first one that came meanwhile is raised
-    right after it (a second signal while a checkpoint is written must not cut it short).
-
-    (Masking the signals would not do: any of Ray's threads may receive them, and Python still
-    runs the handler in the main thread. A handler that only records them does.)
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: List[int] = []
-    held = (signal.SIGINT, *STOPPING)
-    previous = {signum: signal.signal(signum, lambda signum, _: received.append(signum)) for signum in held}
+    """Hold back a stop inside the block: one that comes meanwhile is raised right after the block
+    ends normally (when the block raised, its own error goes on, and the stop stays recorded for the
+    exit code). Blocks nest; the handlers themselves are never swapped, so no signal falls between."""
+    _held.append(1)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if received:
-            _raise_stop(received[0])
+        _held.pop()
+    if not _held and _pending:
+        _raise_stop(_pending.pop(0))

@@ -127,8 +127,8 @@ def stop(proc: subprocess.Popen, timeout: float = 60.0) -> Optional[int]:
         os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:  # every process of the session: the run's driver has a group of its own
+            subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
             proc.wait()
     return proc.returncode
 

@@ -108,12 +108,37 @@ def test_a_checkpoint_the_folder_cannot_take_ends_in_one_line_and_leaves_the_las
 
 def test_only_storage_failures_are_taken_for_a_full_disk():
     assert run_folder.storage_errno(RuntimeError("worker failed: ... (os error 28)")) == errno.ENOSPC
-    assert run_folder.storage_errno(RuntimeError("a [Errno 30] Read-only file system: '/x'")) == errno.EROFS
+    assert run_folder.storage_errno(RuntimeError("a [Errno 122] Disk quota exceeded: '/x'")) == errno.EDQUOT
     assert run_folder.storage_errno(RuntimeError("... (os error 15)")) is None
+    # a permission error in a worker's traceback may be any file's (/dev/shm, a CUDA call): not taken
+    assert run_folder.storage_errno(RuntimeError("PermissionError: [Errno 13] Permission denied: '/dev/shm/x'")) \
+        is None
+    remote = RuntimeError("ray::ActorWorker.save_checkpoint() ... OSError: [Errno 30] Read-only file system")
+    remote.cause = OSError(errno.EROFS, "Read-only file system")  # Ray's wrapper keeps the worker's own error
+    assert run_folder.storage_errno(remote) == errno.EROFS
     assert run_folder.storage_errno(ValueError("cannot reshape array")) is None
     wrapped = RuntimeError("save failed")
     wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
     assert run_folder.storage_errno(wrapped) == errno.ENOSPC
+
+
+def test_a_failed_rename_puts_the_same_steps_earlier_checkpoint_back(tmp_path, monkeypatch):
+    root = tmp_path / "run" / "checkpoints"
+    root.mkdir(parents=True)
+    first = write(root, 2)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if src.endswith("global_step_2.tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(run_folder.os, "replace", replace)
+    with pytest.raises(run_folder.StorageError, match="make room and resume"):
+        write(root, 2)
+    assert sorted(os.listdir(root)) == ["global_step_2", "latest"]
+    assert run_folder.latest_checkpoint(str(root)) == first
+    run_folder.verify(first, "runner.resume_dir")
 
 
 def test_metrics_that_cannot_be_written_end_the_run_instead_of_being_dropped(tmp_path):

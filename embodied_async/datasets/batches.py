@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch.utils.data
 
-from embodied_async.datasets.integrity import check_video_files
+from embodied_async.datasets.integrity import check_finite, check_video_files
 from embodied_async.datasets.lerobot_format import DatasetError
 from embodied_async.datasets.reader import DatasetReader
 
@@ -119,15 +119,19 @@ def check_against_spec(reader: DatasetReader, keys: Dict[str, str], spec, contro
 
 
 def open_dataset(root: str, keys: Dict[str, Optional[str]], spec, cache_episodes: int = 64,
-                 recorded_hz: Optional[float] = None) -> tuple:
+                 recorded_hz: Optional[float] = None, check_videos: bool = True) -> tuple:
     """(reader, resolved key mapping) of the dataset at ``root`` (a folder or hub repo id), checked
-    against itself (the reader: header, finite numbers; here: its video files) and against the
-    env's ``spec``: the one place a run opens its dataset (launcher and trainers)."""
+    against itself (the reader: its header; here: the values the run reads are finite, and with
+    ``check_videos`` its video files) and against the env's ``spec``: the one place a run opens its
+    dataset. The launcher checks the videos once; trainer ranks and the batch-making processes
+    read a dataset it checked (a hub dataset's thousands of files are not opened on every rank)."""
     from embodied_async.datasets.reader import resolve_dataset
 
     reader = DatasetReader(resolve_dataset(root, "dataset.root"), cache_episodes=cache_episodes)
-    check_video_files(reader)  # here, not in the reader: batch-making processes read a dataset checked here
+    if check_videos:
+        check_video_files(reader)
     resolved = resolve_keys(reader, dict(keys), spec)
+    check_finite(reader, resolved.values())
     check_mapping(reader, resolved)
     check_against_spec(reader, resolved, spec, spec.control_hz, recorded_hz)
     return reader, resolved

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from embodied_async.datasets import lerobot_format as fmt
-from embodied_async.datasets.integrity import check_column, check_finite, check_totals
+from embodied_async.datasets.integrity import check_column, check_totals
 from embodied_async.datasets.stats import feature_stats, from_json, merge_stats
 from embodied_async.datasets.video import decode_frames
 
@@ -61,7 +61,6 @@ class DatasetReader:
         self.numbers = self._load_numbers()
         self._check_episodes()
         check_totals(self)
-        check_finite(self)
         self._cache: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self.cache_episodes = cache_episodes
         self._stats: Optional[Dict[str, Dict[str, np.ndarray]]] = None

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import shutil
 import signal
 import time
 from typing import Dict, List, Optional
 
-from embodied_async import run_folder
+from embodied_async import run_folder, signals
 from embodied_async.config import Topology, TrainConfig, resolve_topology
 from embodied_async.evaluation import write_videos
 from embodied_async.metrics import MetricLogger, print_progress
@@ -57,7 +58,10 @@ class Runner:
         self.started = False
 
     def log(self, message: str) -> None:
-        print(f"[{self.mode.name}] {message}", flush=True)
+        try:
+            print(f"[{self.mode.name}] {message}", flush=True)
+        except OSError:  # a terminal that hung up or a closed pipe must not stop a save
+            pass
 
     # ---- start-up ----------------------------------------------------------------------------
     def _start(self) -> None:
@@ -130,6 +134,8 @@ class Runner:
         last = step >= cfg.max_steps or bool(cfg.max_env_steps and self.state["env_steps"] >= cfg.max_env_steps)
         due = bool(cfg.val_check_interval) and (step % cfg.val_check_interval == 0 or last)
         paused = cfg.eval_pauses_training
+        if take_save_request() and self.last_saved_step != step:  # SIGUSR1, a scheduler's warning: now,
+            self.log(f"SIGUSR1: {self._save()} saved; the run goes on")  # not after an evaluation
         if due:
             self.mode.on_evaluation_due(self.graph, record)
         if paused and due:
@@ -145,8 +151,6 @@ class Runner:
             last = True
         if (last or (cfg.save_interval and step % cfg.save_interval == 0)) and self.last_saved_step != step:
             self._save()  # before the final evaluation, so a failing evaluation loses nothing
-        if take_save_request() and self.last_saved_step != step:  # SIGUSR1: a scheduler's warning
-            self.log(f"SIGUSR1: {self._save()} saved; the run goes on")
         if due and not reached and not paused and self.graph.rollout is not None:
             self._launch_eval()
             if last:  # the last record carries the final policy's evaluation
@@ -197,7 +201,9 @@ class Runner:
             try:
                 write_videos(videos, folder, self.cfg.runner.eval_video_fps)
             except OSError as err:  # the run's folder is full, over quota or read-only: end the run, say so
-                code = run_folder.storage_errno(err)
+                # ffmpeg writes the file: a full disk reaches us as its broken pipe
+                full = shutil.disk_usage(self.log_path).free < 2**20
+                code = run_folder.storage_errno(err) or (errno.ENOSPC if full else None)
                 if code is None:
                     raise
                 raise run_folder.storage_error(f"the evaluation videos in {folder}", self.log_path, code) from None
@@ -211,26 +217,25 @@ class Runner:
         def write_contents(folder: str) -> int:
             return wait_all(self.graph.actor.call("save_checkpoint", folder), timeout=600)[0]
 
-        with deferred():  # a stop that comes while it is written waits for the checkpoint
+        with deferred():  # a stop that comes meanwhile waits until the checkpoint is written and counted
             path = run_folder.write_checkpoint(self.checkpoint_root, self.state["step"], write_contents, self.state,
                                                self.cfg.runner.resume_dir)
-        self.last_saved_step = self.state["step"]
-        self.log(f"checkpoint saved: {path}")
-        keep = self.cfg.runner.keep_checkpoints
-        protect = (path, self.cfg.runner.resume_dir)
-        for old in run_folder.prune_checkpoints(self.checkpoint_root, keep, self.state["step"], protect):
-            self.log(f"removed old checkpoint {old} (runner.keep_checkpoints={keep})")
+            self.last_saved_step = self.state["step"]
+            self.log(f"checkpoint saved: {path}")
+            keep = self.cfg.runner.keep_checkpoints
+            protect = (path, self.cfg.runner.resume_dir)
+            for old in run_folder.prune_checkpoints(self.checkpoint_root, keep, self.state["step"], protect):
+                self.log(f"removed old checkpoint {old} (runner.keep_checkpoints={keep})")
         return path
 
     def _on_stop(self) -> Optional[str]:
         """Ctrl-C or a scheduler's SIGTERM: let the step in flight finish (briefly), save, then
         stop everything; returns the checkpoint holding the run's state (None: there is none).
-        Further signals meanwhile are held back: they must not cut the checkpoint short."""
+        Further signals are only recorded (``signals``): they must not cut the checkpoint short."""
         grace = self.cfg.runner.preemption_grace_s / 2 if preempted() else INTERRUPT_GRACE_S
         what = f"preempted ({signal.Signals(stop_signal()).name})" if preempted() else "interrupted"
-        with contextlib.suppress(KeyboardInterrupt), deferred():
-            self.log(f"{what}: finishing the step in flight and saving a checkpoint")
-            self._save_after_stop(grace)
+        self.log(f"{what}: finishing the step in flight and saving a checkpoint")
+        self._save_after_stop(grace)
         saved = run_folder.latest_checkpoint(self.checkpoint_root)
         return saved or self.cfg.runner.resume_dir
 
@@ -249,6 +254,18 @@ class Runner:
         self._stop_loops()
         if self.last_saved_step != self.state["step"]:
             self._save()
+
+    def _close(self, logger: MetricLogger, failed: bool) -> None:
+        """Close the metrics and stop every process. When the run is already ending with an error
+        (or a stop), a metrics file that cannot be closed is said, not raised over that error."""
+        try:
+            logger.close()
+        except (run_folder.StorageError, OSError) as err:
+            if not failed:
+                raise
+            self.log(f"the metrics could not be closed as the run ended: {err}")
+        finally:
+            self._shutdown()
 
     def _stop_loops(self) -> None:
         for group in self.graph.looping():
@@ -284,20 +301,20 @@ class Runner:
 
     def run(self) -> Dict[str, float]:
         """Train to ``runner.max_steps``; saves the last completed step on a normal end and on Ctrl-C."""
+        signals.reset()  # a stop or a checkpoint request of an earlier run in this process is not this one's
         logger_cfg = self.cfg.runner.logger
         # the trackers record the resolved config (every default filled in) as plain data
         logger = MetricLogger(self.log_path, logger_cfg.backends, logger_cfg.project, dataclasses.asdict(self.cfg))
+        failed = True
         try:
             self._start()
             self._train(logger)
+            failed = False
         except KeyboardInterrupt as stop:  # Ctrl-C, or a scheduler's SIGTERM (signals.preempted())
             stop.checkpoint = self._on_stop()
             raise
         finally:
-            with contextlib.suppress(KeyboardInterrupt), deferred():  # no process left behind
-                try:
-                    logger.close()
-                finally:
-                    self._shutdown()
+            with contextlib.suppress(KeyboardInterrupt), deferred():  # the run is over: no process left behind
+                self._close(logger, failed)
         return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
                 "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals}

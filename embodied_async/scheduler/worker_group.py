@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from embodied_async.private_files import private_ray_token, ray_temp_dir
-from embodied_async.signals import install_driver_handlers
+from embodied_async.signals import Preempted, preempted_during_ray_init, restore_after_ray_init
 
 
 class WorkerFailed(RuntimeError):
@@ -67,16 +68,19 @@ def init_ray(num_nodes: int) -> None:
         # long run that grew it by ~250 MB (scripts/soak.py). Our actors opt out of the records
         # (enable_task_events=False); the bound covers whatever else records them.
         kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": 1000}
-    ray.init(address=address, **kwargs)
+    try:
+        ray.init(address=address, **kwargs)
+    except SystemExit as err:  # Ray's own SIGTERM handler, before ours are back: the stop it is
+        if preempted_during_ray_init(err):
+            raise Preempted(signal.SIGTERM) from None
+        raise
     auth = os.environ.get("RAY_AUTH_MODE", "").lower()  # Ray sets it when it turns token auth on itself
     if auth != "token":
         where = "the Ray instance this run started" if address is None else f"the Ray cluster at {address}"
         print(f"[runner] warning: RAY_AUTH_MODE is {auth or 'unset'}: {where} does not ask its clients for a token, so "
               "any process that reaches its ports can run code as this user. Start Ray with RAY_AUTH_MODE=token "
               "(README, 'Shared machines and clusters')", file=sys.stderr, flush=True)
-    # Ray swaps the driver's handlers for its own (its SIGINT handler swallows Ctrl-C while we
-    # wait on workers, its SIGTERM handler exits): ours again, so a stop saves first
-    install_driver_handlers()
+    restore_after_ray_init()
 
 
 def _alive_nodes(resource: str) -> List[dict]:

@@ -44,7 +44,8 @@ class ActorWorker(TrainerCore):
             raise TypeError(f"algorithm.demo_loss_coef={alg.demo_loss_coef}: the {self.cfg.model.name} policy "
                             "defines no supervised loss (contracts.SupervisedPolicy); set it to 0")
         data = self.cfg.dataset
-        reader, keys = open_dataset(data.root, data.keys, self.env_spec, data.cache_episodes, data.recorded_hz)
+        reader, keys = open_dataset(data.root, data.keys, self.env_spec, data.cache_episodes, data.recorded_hz,
+                                    check_videos=False)  # the launcher checked them
         samples = SupervisedSamples(reader, keys, int(policy.supervised_horizon), range(reader.num_episodes))
         self._demo_batches = batch_stream(samples, alg.demo_batch_size, self.cfg.runner.seed + 1, data.window_episodes,
                                           0, self.rank, self.world_size, data.num_workers)

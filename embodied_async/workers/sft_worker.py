@@ -32,7 +32,8 @@ class SupervisedWorker(TrainerCore):
     def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
         super().__init__(cfg, topology, rank, device_id, env_spec, channels, seed_offset=95_000)
         data = cfg.dataset
-        self.reader, self.keys = open_dataset(data.root, data.keys, env_spec, data.cache_episodes, data.recorded_hz)
+        self.reader, self.keys = open_dataset(data.root, data.keys, env_spec, data.cache_episodes, data.recorded_hz,
+                                              check_videos=False)  # the launcher checked them
         self.train_episodes, self.val_episodes = split_episodes(self.reader.num_episodes, data.validation_fraction,
                                                                 cfg.runner.seed)
         self._batches: Optional[Iterator[np.ndarray]] = None

@@ -14,8 +14,12 @@ import sys
 
 from embodied_async.signals import is_driver, run_driver_in_own_group
 
-if __name__ == "__main__" and not is_driver():  # before the imports below: the launcher stays light
-    sys.exit(run_driver_in_own_group(sys.argv))
+if __name__ == "__main__":  # before the imports below: the launcher stays light
+    if not is_driver():
+        sys.exit(run_driver_in_own_group(sys.orig_argv[1:]))  # this interpreter's options too
+    # the driver: a scheduler's early SIGUSR1 must not end it (its default action) before the
+    # handlers of the run are in place (SIGTERM's default, meanwhile, ends it as terminated)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -107,4 +111,8 @@ def refuse_renamed_recipe(argv) -> None:
 
 if __name__ == "__main__":
     refuse_renamed_recipe(sys.argv[1:])
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # a stop before the run began (composing, fetching the checkpoint)
+        print("[train_async] stopped before the run began; nothing was written", file=sys.stderr, flush=True)
+        sys.exit(exit_code())

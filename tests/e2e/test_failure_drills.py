@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import REPO_ROOT
-from test_interrupt_resume import ENTRY, SMALL_CLI, session_processes, wait_for_line
+from test_interrupt_resume import ENTRY, SMALL_CLI, kill_session, session_processes, wait_for_line
 
 from embodied_async.checkpoint_io import verify_checkpoint
 
@@ -46,7 +46,7 @@ def sigkill_mid_run(args, marker: str, timeout: float, victim) -> tuple:
         ended_after = time.monotonic() - killed
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_session(proc.pid)
     return proc, "".join(seen) + rest, ended_after
 
 

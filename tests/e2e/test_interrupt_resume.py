@@ -24,6 +24,12 @@ def session_processes(sid: int) -> list:
     return [line for line in out.splitlines() if line.split() and line.split()[0] == str(sid)]
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of the session (the launcher's group holds only the launcher: the
+    driver and Ray live in a group of their own)."""
+    subprocess.run(["pkill", "-KILL", "-s", str(sid)], check=False)
+
+
 def wait_for_line(proc, marker: str, timeout: float) -> list:
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,7 +56,7 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
         stopped_after = time.monotonic() - sent
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_session(proc.pid)
     assert proc.returncode == 130, rest
     assert stopped_after < 15, f"took {stopped_after:.1f}s to stop"
     deadline = time.monotonic() + 15 - stopped_after

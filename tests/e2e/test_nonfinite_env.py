@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 from test_failure_drills import assert_no_process_left
-from test_interrupt_resume import ENTRY
+from test_interrupt_resume import ENTRY, kill_session
 
 from embodied_async.config import ConfigError, check
 from embodied_async.data import ActionMessage, EnvOutput
@@ -112,7 +112,7 @@ def test_a_nan_reward_ends_a_real_run_naming_the_worker_key_and_step(tmp_path):
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill_session(proc.pid)
     assert proc.returncode == 1, output[-3000:]
     report = re.search(r"env worker (\d), sub-env 0 of stage 0: rewards=nan at step 5 of that stage", output)
     assert report, output[-3000:]
