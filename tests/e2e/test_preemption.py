@@ -96,7 +96,7 @@ def small_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def test_a_full_disk_ends_the_run_in_one_line_and_the_last_checkpoint_resumes(tmp_path, small_filesystem):
+def test_a_full_disk_is_foretold_then_ends_the_run_in_one_line_and_the_last_checkpoint_is_whole(small_filesystem):
     log_path = small_filesystem / "run"
     proc = start_run(log_path, "runner.max_steps=1000", "runner.save_interval=1")
     try:
@@ -105,6 +105,9 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_last_checkpoint_resumes(tm
         if proc.poll() is None:
             kill_session(proc.pid)
     assert proc.returncode == 1, output[-3000:]
+    # 1001 checkpoints kept (runner.keep_checkpoints unset) cannot fit in 1 MiB: said before training
+    assert re.search(r"\[runner\] warning: \d+ MiB are free where the run writes .* its checkpoints will take about "
+                     r"\d+ MiB \(1001 of ~", output), output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("storage error:")]
     assert len(errors) == 1 and "No space left on device" in errors[0] and "MiB free" in errors[0], output[-3000:]
     assert "Traceback" not in output and "HYDRA_FULL_ERROR" not in output
