@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from embodied_async.run_folder import storage_errno, storage_error
+from embodied_async.run_folder import storage_errors_end_the_run
 from embodied_async.trackers import close_trackers, open_trackers
 
 # Per-episode means of the env workers: pooled weighted by each worker's finished episodes.
@@ -44,7 +43,7 @@ class MetricLogger:
         os.makedirs(log_path, exist_ok=True)
         self.log_path = log_path
         self.path = os.path.join(log_path, "metrics.jsonl")
-        with self._storage_errors_end_the_run():
+        with storage_errors_end_the_run("the run's metrics", log_path, self.path):
             self._file = open(self.path, "a", buffering=1)
         try:
             self._trackers = open_trackers(backends, log_path, project, run_config)
@@ -56,29 +55,19 @@ class MetricLogger:
         """Write ``record`` everywhere; a folder that cannot take it ends the run (StorageError):
         records are never dropped silently."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self._storage_errors_end_the_run():
+        with storage_errors_end_the_run("the run's metrics", self.log_path, self.path):
             self._file.write(json.dumps(clean) + "\n")
             for tracker in self._trackers:
                 tracker.log(record)
 
-    @contextlib.contextmanager
-    def _storage_errors_end_the_run(self):
-        try:
-            yield
-        except OSError as err:
-            code = storage_errno(err)
-            if code is None:
-                raise
-            raise storage_error(f"the run's metrics ({err.filename or self.path})", self.log_path, code) from None
-
     def log_videos(self, videos, step: int, fps: int = 10) -> None:
         """Evaluation episodes (``evaluation.EpisodeVideo``) at the step whose policy they show."""
-        with self._storage_errors_end_the_run():
+        with storage_errors_end_the_run("the run's metrics", self.log_path, self.path):
             for tracker in self._trackers:
                 tracker.log_videos(videos, step, fps)
 
     def close(self) -> None:
-        with self._storage_errors_end_the_run():
+        with storage_errors_end_the_run("the run's metrics", self.log_path, self.path):
             try:
                 self._file.close()
             finally:

@@ -196,6 +196,24 @@ def storage_error(what: str, log_or_root: str, code: int, resumed_from: Optional
                         f"writes, {os.path.dirname(root)}); {then}")
 
 
+@contextlib.contextmanager
+def storage_errors_end_the_run(what: str, log_path: str, file: Optional[str] = None, silent_writer: bool = False):
+    """Inside the block, a write the run's folder cannot take (full, over quota, read-only) raises
+    StorageError naming ``what`` and the file (the error's own, else ``file``). ``silent_writer``:
+    the writer is another process (ffmpeg) whose full disk reaches us only as a broken pipe, so an
+    almost full disk says it."""
+    try:
+        yield
+    except OSError as err:
+        code = storage_errno(err)
+        if code is None and silent_writer and shutil.disk_usage(log_path).free < 2**20:
+            code = errno.ENOSPC
+        if code is None:
+            raise
+        named = f"{what} ({err.filename or file})" if err.filename or file else what
+        raise storage_error(named, log_path, code) from None
+
+
 def _write_checkpoint(root: str, final: str, write_contents: Callable[[str], int], state: Dict) -> str:
     tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import shutil
 import signal
 import time
@@ -198,15 +197,9 @@ class Runner:
         videos = result.pop("videos", [])
         if videos:
             folder = run_folder.videos_folder(self.log_path, self.eval_launched_at)
-            try:
+            with run_folder.storage_errors_end_the_run(f"the evaluation videos in {folder}", self.log_path,
+                                                       silent_writer=True):
                 write_videos(videos, folder, self.cfg.runner.eval_video_fps)
-            except OSError as err:  # the run's folder is full, over quota or read-only: end the run, say so
-                # ffmpeg writes the file: a full disk reaches us as its broken pipe
-                full = shutil.disk_usage(self.log_path).free < 2**20
-                code = run_folder.storage_errno(err) or (errno.ENOSPC if full else None)
-                if code is None:
-                    raise
-                raise run_folder.storage_error(f"the evaluation videos in {folder}", self.log_path, code) from None
             self.log(f"{len(videos)} evaluation videos written to {folder}")
             self.videos_to_log.append((self.eval_launched_at, videos))
         record.update(result)

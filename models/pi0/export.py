@@ -193,20 +193,15 @@ def _statistics_files(pipeline: dict) -> List[str]:
             if step.get("registry_name") in ("normalizer_processor", "unnormalizer_processor")]
 
 
-def write_processors(request: ExportRequest, base_config: dict) -> List[str]:
-    """Both pipelines and their statistics files (every statistic in each, as LeRobot saves them);
-    returns the file names written."""
+def write_processors(request: ExportRequest, base_config: dict) -> None:
+    """Both pipelines and their statistics files (every statistic in each, as LeRobot saves them)."""
     pre, post = _pipelines(request, base_config)
     stats = {key: value.detach().to(torch.float32).contiguous()
              for key, value in request.policy.normalization.stats.items()}
-    written = []
     for name, pipeline in ((PREPROCESSOR_FILE, pre), (POSTPROCESSOR_FILE, post)):
         _write_json(request.folder, name, pipeline)
         for state_file in _statistics_files(pipeline):
             save_file(stats, os.path.join(request.folder, state_file))
-            written.append(state_file)
-        written.append(name)
-    return written
 
 
 def _write_meta(request: ExportRequest) -> List[str]:
