@@ -46,6 +46,8 @@ import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from embodied_async.seed_statistics import ratio_of_means  # noqa: E402
+
 ARMS = ("baseline", "sync", "async")
 ARM_OVERRIDES = {"sync": ["algorithm.staleness_threshold=0"], "async": []}
 COLOURS = {"baseline": "#4c72b0", "sync": "#55a868", "async": "#c44e52"}
@@ -120,20 +122,6 @@ def to_success(run: Dict, key: str) -> float:
     if run["reached"] is not None:
         return float(run["reached"][key])
     return float(run["curve"][-1][key]) if run["curve"] else float("nan")
-
-
-def ratio_of_means(arm: Sequence[float], base: Sequence[float], resamples: int = 10_000, seed: int = 0) -> Dict:
-    """mean(arm) / mean(base) over paired seeds, with a percentile bootstrap 95 % interval
-    (the same seeds resampled for both)."""
-    arm, base = np.asarray(arm, float), np.asarray(base, float)
-    if arm.shape != base.shape or arm.size == 0:
-        raise ValueError("the ratio needs the same seeds, at least one, in both arms")
-    rng = np.random.default_rng(seed)
-    index = rng.integers(0, arm.size, size=(resamples, arm.size))
-    ratios = arm[index].mean(1) / base[index].mean(1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return {"ratio": round(float(arm.mean() / base.mean()), 3), "low": round(float(low), 3),
-            "high": round(float(high), 3)}
 
 
 def held_curve(run: Dict, grid: np.ndarray, key: str) -> np.ndarray:

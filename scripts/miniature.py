@@ -55,6 +55,7 @@ from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from embodied_async.seed_statistics import bootstrap_mean  # noqa: E402
 
 SFT_PHASES = ("collect", "sft", "eval_sft")
 RL_PHASES = ("rl", "eval_rl")  # once per RL seed: rl_seed<S>, eval_rl_seed<S>
@@ -545,17 +546,6 @@ def evaluation_pair(before: Dict, after: Dict, rule: str, episodes: int) -> Dict
     return {"decision_rule": rule, "episodes": episodes, "seed": before["seed"], "before_rl": _eval_entry(before),
             "after_rl": _eval_entry(after), "gain": round(after["success_rate"] - before["success_rate"], 3),
             "intervals_disjoint": after["success_rate_ci95"][0] > before["success_rate_ci95"][1]}
-
-
-def bootstrap_mean(values: Sequence[float], draws: int = 10_000, seed: int = 0) -> Dict:
-    """The mean of ``values`` with a percentile bootstrap 95 % interval (resampling the values)."""
-    import numpy as np
-
-    values = np.asarray(values, dtype=np.float64)
-    means = np.random.default_rng(seed).choice(values, size=(draws, len(values))).mean(axis=1)
-    return {"mean": round(float(values.mean()), 4), "ci95": [round(float(np.percentile(means, 2.5)), 4),
-                                                             round(float(np.percentile(means, 97.5)), 4)],
-            "n": int(len(values))}
 
 
 def summary_record(records: List[Dict]) -> Dict:

@@ -122,3 +122,57 @@ def test_the_rl_phase_benchmark_rates_the_steady_updates_and_the_trained_decisio
     gain = miniature.bootstrap_mean([0.16, 0.10, 0.22])
     assert gain["mean"] == 0.16 and gain["n"] == 3
     assert 0.10 <= gain["ci95"][0] < 0.16 < gain["ci95"][1] <= 0.22
+
+
+def test_the_default_recipe_guard_reads_the_stop_and_pairs_codes_by_seed():
+    """The run's figures at the record whose evaluation first reached 0.9 (where it stopped); a run
+    that never did gives its last record as a lower bound; ratios pair this code's seed k with the
+    reference's seed k."""
+    guard = load_script("scripts", "benchmark_default_recipe.py")
+    records = [{"step": 1, "env_steps": 800, "train_time_s": 2.0, "train/actor/epochs": 8.0},
+               {"step": 2, "env_steps": 1600, "train_time_s": 4.0, "train/actor/epochs": 6.0,
+                "eval/success_rate": 0.5},
+               {"step": 3, "env_steps": 2400, "train_time_s": 5.0, "train/actor/epochs": 7.0,
+                "eval/success_rate": 0.94},
+               {"step": 4, "env_steps": 3200, "train_time_s": 9.0, "train/actor/epochs": 1.0}]
+    assert guard.run_summary(records) == {"reached": True, "env_steps": 2400, "train_s": 5.0, "updates": 3,
+                                          "env_steps_per_s": 480.0, "epochs_per_update": 7.0, "eval_success": 0.94}
+    never = guard.run_summary(records[:2])
+    assert never["reached"] is False and never["env_steps"] == 1600 and never["updates"] == 2
+
+    def run(steps, seconds):
+        return {"env_steps": steps, "train_s": seconds, "env_steps_per_s": steps / seconds, "updates": steps // 800,
+                "epochs_per_update": 7.0, "reached": True}
+    runs = {"this": {1: run(40000, 80.0), 2: run(64000, 100.0)},
+            "abc": {1: run(40000, 100.0), 2: run(48000, 100.0), 3: run(8000, 10.0)}}
+    ratios = guard.compare(runs, [1, 2, 3])["abc"]
+    assert ratios["seeds"] == [1, 2]  # seed 3 only ran on the reference
+    assert ratios["env_steps"]["ratio"] == 1.182 and ratios["train_s"]["ratio"] == 0.9
+    assert ratios["env_steps"]["low"] <= 1.0 < ratios["env_steps"]["high"]
+    stored = {"references": {"old": {"env_steps": {"1": 20000, "2": 32000, "4": 1}}}}
+    assert guard.against_stored(runs["this"], stored) == {
+        "old": {"seeds": [1, 2], "env_steps": {"ratio": 2.0, "low": 2.0, "high": 2.0}}}
+    assert guard.code_means(runs["abc"], [1, 2])["env_steps"] == 44000
+
+
+def test_the_default_recipe_guard_compares_learning_figures_and_not_clocks():
+    """The deterministic graph's records of two codes: clocks, traffic and the counts taken when the
+    runner asks may differ; a learning figure that differs names its first update; a figure only
+    one code writes is new, not a difference."""
+    guard = load_script("scripts", "benchmark_default_recipe.py")
+
+    def record(step, loss, **extra):
+        return {"step": step, "train/actor/policy_loss": loss, "env/episode_return": 2.0 * step,
+                "time/env": 0.5 * step, "env_steps": 800 * step, "train/rollout_store/held_trajectories": 0.0,
+                **extra}
+    ours = [record(1, -0.05), record(2, -0.06, **{"eval/success_rate": 0.25}), record(3, -0.07)]
+    theirs = [record(1, -0.05, **{"time/env": 9.0, "env_steps": 801}), record(2, -0.06, **{"eval/success_rate": 0.25}),
+              record(3, -0.07)]
+    for r in ours:
+        r["train/actor/new_figure"] = 1.0
+    assert guard.first_difference(ours, theirs) is None
+    theirs[1]["eval/success_rate"] = 0.5
+    theirs[2]["train/actor/policy_loss"] = -0.08
+    assert guard.first_difference(ours, theirs) == {"update": 2, "figures": ["eval/success_rate"],
+                                                    "values": {"eval/success_rate": [0.25, 0.5]}}
+    assert guard.first_difference(ours, ours[:2])["update"] == 3  # a run that stopped early
