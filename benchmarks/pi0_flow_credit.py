@@ -6,10 +6,13 @@ repeats one observation of its env ``--batch`` times, and rewards each sampled c
 squared distance to a target: the mean sampled action shifted by ``--delta`` along the first
 action dimension. Every iteration draws ``--batch`` chains, takes group-relative advantages
 (reward minus the batch's mean) and one decoupled-PPO update (2 epochs, clip 0.2 / 0.28, Adam at
-``--lr``), for each ``--initial-noise-scale`` (the std of the chains' start, model key
-``initial_noise_scale``). It prints the spread of the sampled actions and, per iteration, the mean
-squared distance of the samples and of the deterministic rule (the ODE) to the target, then one
-JSON line.
+``--lr``), for each ``--method`` (``model.noise_method``) and ``--initial-noise-scale`` (the std of
+the chains' start, ``model.initial_noise_scale``; ``action_gaussian`` always starts from zero). It
+prints the spread of the sampled actions and, per iteration, the mean squared distance of the
+samples and of the deterministic rule (the ODE) to the target, the update's reported KL
+(``train/actor/proximal_approx_kl``) and how far the deterministic action moved in it; then one
+JSON line with, per run, the summed reported KL against the summed movement of the deterministic
+action: a log-prob that covers the policy reports KL where the action moves.
 
     .venv/bin/python benchmarks/pi0_flow_credit.py logs/mini_pi0/sft/checkpoints/global_step_1500
 """
@@ -23,14 +26,15 @@ import numpy as np
 import torch
 
 
-def load(checkpoint: str, scale: float, seed: int):
-    """(policy with the checkpoint's weights, one observation repeated later, env spec)."""
+def load(checkpoint: str, method: str, scale: float, seed: int):
+    """(policy with the checkpoint's weights, one observation repeated later, env spec); heads only
+    RL has (flow_noise's noise head, action_gaussian's std) start fresh."""
     from embodied_async.config.recipes import checkpoint_config
     from embodied_async.config.validate import to_train_config
     from embodied_async.registry import build_env, build_policy
     from embodied_async.run_folder import load_policy_weights
 
-    raw = checkpoint_config(checkpoint, [f"model.initial_noise_scale={scale}"])
+    raw = checkpoint_config(checkpoint, [f"model.noise_method={method}", f"model.initial_noise_scale={scale}"])
     raw.cluster.device_type = "cpu"
     cfg = to_train_config(raw)
     if cfg.model.name != "pi0":
@@ -41,7 +45,7 @@ def load(checkpoint: str, scale: float, seed: int):
         policy = build_policy(cfg.model, env.spec)
     finally:
         env.close()
-    load_policy_weights(policy, checkpoint)
+    load_policy_weights(policy, checkpoint, "credit")
     return policy, obs
 
 
@@ -55,11 +59,11 @@ def repeat(obs, batch: int):
     return obs.repeat_interleave(batch, 0) if torch.is_tensor(obs) else obs
 
 
-def run(args, scale: float) -> dict:
+def run(args, method: str, scale: float) -> dict:
     from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 
     torch.manual_seed(args.seed)
-    policy, obs = load(args.checkpoint, scale, args.seed)
+    policy, obs = load(args.checkpoint, method, scale, args.seed)
     obs = repeat(obs, args.batch)
     policy.eval()
     with torch.no_grad():
@@ -75,13 +79,18 @@ def run(args, scale: float) -> dict:
         target_kl=None, max_grad_norm=1.0, recompute_fresh_logprobs=False, train_critic=False, policy_lr=args.lr,
         policy_lr_warmup_steps=0, policy_steps_before=0, policy_lr_factor=1.0, demo_loss_coef=0.0, frozen_prefixes=())
     curve = []
-    print(f"[credit] initial_noise_scale={scale}: the samples' spread along the first action dimension "
+    print(f"[credit] {method}, initial_noise_scale={scale}: the samples' spread along the first action dimension "
           f"{spread:.3f}", flush=True)
+    previous = None
     for iteration in range(args.iters):
         policy.eval()
         with torch.no_grad():
-            drawn = policy.predict(obs, "train")
+            torch.manual_seed(args.seed + 7)  # the same start for the deterministic rule each time
             deterministic = policy.predict(obs, "eval").actions.float()
+            drawn = policy.predict(obs, "train")
+        if previous is not None:  # how far the last update moved the deterministic action
+            curve[-1]["rule_moved"] = float((deterministic - previous).norm(dim=(1, 2)).mean())
+        previous = deterministic
         actions = drawn.actions.float()
         distance = ((actions - target) ** 2).sum(dim=(1, 2))
         rule_distance = float(((deterministic - target) ** 2).sum(dim=(1, 2)).mean())
@@ -93,16 +102,21 @@ def run(args, scale: float) -> dict:
                          torch.full((n,), iteration, dtype=torch.long), torch.ones(n, dtype=torch.bool))
         settings.version = iteration
         policy.train()
-        ppo_update(policy, optimizer, batch, settings, lambda t: t, torch.Generator().manual_seed(iteration))
-    last = curve[-5:]
-    return {"initial_noise_scale": scale, "spread": spread, "first": curve[0],
+        metrics = ppo_update(policy, optimizer, batch, settings, lambda t: t, torch.Generator().manual_seed(iteration))
+        curve[-1]["reported_kl"] = metrics.get("train/actor/proximal_approx_kl", float("nan"))
+    last, updates = curve[-5:], [c for c in curve if "rule_moved" in c]
+    return {"method": method, "initial_noise_scale": scale, "spread": spread, "first": curve[0],
             "last5_sampled": sum(c["sampled"] for c in last) / len(last),
-            "last5_deterministic": sum(c["deterministic"] for c in last) / len(last), "curve": curve}
+            "last5_deterministic": sum(c["deterministic"] for c in last) / len(last),
+            "summed_reported_kl": sum(c["reported_kl"] for c in updates),
+            "summed_rule_moved": sum(c["rule_moved"] for c in updates), "curve": curve}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a Pi0 checkpoint folder of ours (global_step_<N>)")
+    parser.add_argument("--method", nargs="+", default=["flow_sde", "flow_noise", "action_gaussian"],
+                        choices=["flow_sde", "flow_noise", "action_gaussian"])
     parser.add_argument("--initial-noise-scale", type=float, nargs="+", default=[1.0, 0.0])
     parser.add_argument("--iters", type=int, default=25)
     parser.add_argument("--batch", type=int, default=64)
@@ -117,7 +131,8 @@ def main() -> None:
     if problem:
         raise SystemExit(problem)
     results = {"checkpoint": args.checkpoint, "batch": args.batch, "lr": args.lr, "delta": args.delta,
-               "runs": [run(args, scale) for scale in args.initial_noise_scale]}
+               "runs": [run(args, method, scale) for method in args.method
+                        for scale in ([0.0] if method == "action_gaussian" else args.initial_noise_scale)]}
     line = json.dumps(results)
     print(json.dumps({**results, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in results["runs"]]}))
     if args.json:

@@ -152,6 +152,9 @@ class Policy(Protocol):
     - ``value(obs)``: values ``[B]`` of observations (bootstrapping from final observations).
     - ``value_parameter_prefixes``: names of the value head's parameters start with one of these
       (they get ``actor.value_lr``).
+    - optional ``rl_only_parameter_prefixes``: the heads only RL trains (value head, a noise head),
+      which a supervised checkpoint lacks: loading one (``model.init_from``, evaluation, export)
+      starts them as the builder made them (``value_parameter_prefixes`` when not declared).
 
     It is a ``torch.nn.Module``: the actor shards it with FSDP2 and the rollout loads published
     weights into it by parameter name. Parameters with ``requires_grad=False`` (a frozen backbone

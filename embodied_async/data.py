@@ -181,14 +181,19 @@ UNBATCHED = {"env_dim": None}
 
 
 def map_tree(fn: Callable, value: Any) -> Any:
-    """``fn`` on a tensor, or on every tensor of a (nested) dict of them."""
+    """``fn`` on a tensor, or on every tensor of a (nested) dict of them (None stays None)."""
+    if value is None:
+        return None
     if isinstance(value, dict):
         return {k: map_tree(fn, v) for k, v in value.items()}
     return fn(value)
 
 
 def _zip_tree(fn: Callable, values: List[Any]) -> Any:
-    """``fn(list of tensors)`` on aligned tensors of several values with the same (dict) structure."""
+    """``fn(list of tensors)`` on aligned tensors of several values with the same (dict) structure
+    (None where the first is None)."""
+    if values[0] is None:
+        return None
     if isinstance(values[0], dict):
         return {k: _zip_tree(fn, [v[k] for v in values]) for k in values[0]}
     return fn(values)
@@ -208,6 +213,7 @@ class StepRecord:
     dones: Any = None
     bootstrap_values: Any = None
     loss_mask: Any = None
+    executed_actions: Any = None
 
 
 @dataclass
@@ -217,7 +223,8 @@ class Trajectory:
     ``rewards[t]``/``dones[t]`` are the outcome of the action taken at ``t``. ``bootstrap_values[t]``
     is ``V(final_obs)`` where the episode ended at ``t`` and bootstraps (0 elsewhere);
     ``next_values`` is the value of the observation after the last step. ``versions[t]`` is the
-    policy version that sampled the action at ``t``. ``obs_moments`` holds, per observation
+    policy version that sampled the action at ``t``; ``executed_actions[t]`` how many actions of
+    its chunk the env executed (fewer where the episode ended part-way; None: all of them). ``obs_moments`` holds, per observation
     normaliser of the policy, the moments of the raw features seen while collecting (the actor
     merges them into the run's one normaliser).
     """
@@ -233,6 +240,7 @@ class Trajectory:
     versions: Any = field(metadata=PER_STEP)  # [T, B] int64
     next_values: Any = field(metadata=PER_ENV)  # [B]
     obs_moments: Dict[str, Any] = field(default_factory=dict, metadata=UNBATCHED)
+    executed_actions: Any = field(default=None, metadata=PER_STEP)  # [T, B] int64
 
     @property
     def num_steps(self) -> int:

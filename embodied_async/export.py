@@ -172,7 +172,7 @@ def _load_policy(cfg, checkpoint: str):
     env.close()
     try:
         policy = build_policy(cfg.model, spec, device=torch.device("cpu")).eval()
-        load_policy_weights(policy, checkpoint)
+        load_policy_weights(policy, checkpoint, "export")
     except (CheckpointError, ValueError, FileNotFoundError, KeyError, RuntimeError) as err:  # incl. a damaged base
         raise ExportError(f"cannot load the policy of {checkpoint}: {err}") from None
     return policy, spec

@@ -154,6 +154,18 @@ def build_policy(model_cfg: ModelConfig, env_spec, device=None, logprob_type: st
     return _checked("model", model_cfg, policy if device is None else policy.to(device))
 
 
+def reported_logprob_type(cfg) -> str:
+    """The log-probs the workers' policy reports for a run ``cfg``: per executed action entry
+    ("token_level") where ``algorithm.logprob_type`` asks for them, and also where the env executes
+    chunks of several actions and the family can report entries: an episode that ends part-way
+    through a chunk leaves the rest of it unexecuted, and the update leaves those actions out of
+    the decision's log-prob (summing the executed entries back under chunk_level)."""
+    if cfg.algorithm.logprob_type == "token_level":
+        return "token_level"
+    entries = cfg.env.num_action_chunks > 1 and "token_level" in type(cfg.model).logprob_types
+    return "token_level" if entries else "chunk_level"
+
+
 def build_env(env_cfg: EnvConfig, num_envs: int, seed: int) -> Env:
     """``num_envs`` sub-envs of ``env_cfg``'s family, checked against ``Env``."""
     return _checked("env", env_cfg, _builder("env", env_cfg)(env_cfg, num_envs, seed))

@@ -333,12 +333,49 @@ def check_init_from(folder: str, model_cfg) -> None:
     verify(folder, "model.init_from")
 
 
-def load_policy_weights(policy, folder: str) -> None:
+def rl_only_prefixes(policy) -> Tuple[str, ...]:
+    """The name prefixes of the heads only RL trains (``Policy.rl_only_parameter_prefixes``; the
+    value head's when a family declares none)."""
+    declared = getattr(policy, "rl_only_parameter_prefixes", None)
+    return tuple(declared if declared is not None else getattr(policy, "value_parameter_prefixes", ()))
+
+
+def fit_rl_only_heads(policy, state: Dict, folder: str, source: str) -> Tuple[Dict, set]:
+    """A checkpoint's tensors as they fit ``policy``'s RL-only heads (value head, noise head): a
+    supervised checkpoint lacks them, or holds one of another shape (another
+    ``model.value_input``), or one this policy does not build (a value-free run). Per head: held
+    in this policy's names and shapes, it is loaded; otherwise it keeps the builder's
+    initialisation (seeded alike on every rank) and one line says so; one this policy lacks is
+    dropped. Returns the tensors to load and the names of the parameters left as built."""
+    own_tensors = {n: tuple(t.shape) for n, t in [*policy.named_parameters(), *policy.named_buffers()]}
+    left_as_built: set = set()
+    for prefix in rl_only_prefixes(policy):
+        own = {n: shape for n, shape in own_tensors.items() if n.startswith(prefix)}
+        theirs = {n: tuple(t.shape) for n, t in state.items() if n.startswith(prefix)}
+        if own == theirs:
+            continue
+        state = {n: t for n, t in state.items() if not n.startswith(prefix)}
+        left_as_built |= set(own)
+        head = prefix.rstrip(".").replace("_", " ")
+        if not own:
+            print(f"[{source}] the {head} in {folder} is left out: this policy has none", flush=True)
+        elif not theirs:
+            print(f"[{source}] {folder} has no {head} (only RL trains it): it starts fresh as the policy's builder "
+                  "makes it, the rest of the weights come from the checkpoint", flush=True)
+        else:
+            print(f"[{source}] the {head} in {folder} has another shape than this policy's: it starts fresh as "
+                  "the policy's builder makes it, the rest of the weights come from the checkpoint", flush=True)
+    return state, left_as_built
+
+
+def load_policy_weights(policy, folder: str, source: str = "load") -> None:
     """A checkpoint's policy weights (and observation statistics) into a built, unsharded
-    ``policy``, after verifying the folder; every trainable parameter must be in it."""
+    ``policy``, after verifying the folder; every trainable parameter must be in it but those of
+    the RL-only heads (``fit_rl_only_heads``)."""
     from embodied_async.checkpoint_io import load_tree
     from embodied_async.workers.sharding import load_model_state
 
     verify_checkpoint(folder)
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
-    load_model_state(policy, load_tree(folder, MODEL_TREE), trainable)
+    state, left_as_built = fit_rl_only_heads(policy, load_tree(folder, MODEL_TREE), folder, source)
+    load_model_state(policy, state, trainable - left_as_built)

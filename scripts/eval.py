@@ -151,7 +151,7 @@ def evaluate(cfg, checkpoint, args) -> dict:
             raise EvalError(f"cannot build the policy: {err}") from None
         if checkpoint is not None:
             try:
-                load_policy_weights(policy, checkpoint)
+                load_policy_weights(policy, checkpoint, "eval")
             except (CheckpointError, KeyError, ValueError) as err:
                 raise EvalError(f"cannot load {checkpoint}: {err}") from None
         print(f"[eval] running {args.episodes} episodes", flush=True)

@@ -13,7 +13,7 @@ def step(t: int, batch: int = 4) -> StepRecord:
     return StepRecord(forward_inputs={"states": rows[:, None].repeat(1, 3) + t}, actions=rows[:, None, None] + t,
                       logprobs=-rows - t, values=rows * t, versions=torch.full((batch,), t, dtype=torch.int64),
                       rewards=rows + 10 * t, dones=rows > t, bootstrap_values=torch.zeros(batch),
-                      loss_mask=torch.ones(batch, dtype=torch.bool))
+                      loss_mask=torch.ones(batch, dtype=torch.bool), executed_actions=(rows + t).long() % 3)
 
 
 def test_a_step_record_holds_exactly_the_per_step_fields():
@@ -37,6 +37,10 @@ def test_stack_split_concat_map_round_trip():
             assert torch.equal(x, y), f.name
     doubled = traj.map(lambda t, env_dim: torch.cat([t, t], dim=env_dim))
     assert doubled.num_envs == 8 and doubled.next_values.shape == (8,) and doubled.obs_moments == {"n": 1}
+    # a record that does not say how many actions ran (executed_actions None) stays None throughout
+    unsaid = [dataclasses.replace(step(t), executed_actions=None) for t in range(3)]
+    traj = Trajectory.stack(unsaid, next_values=torch.arange(4.0))
+    assert traj.executed_actions is None and Trajectory.concat(traj.split(2)).executed_actions is None
 
 
 def test_env_outputs_concat_fills_final_obs_of_unfinished_rows():

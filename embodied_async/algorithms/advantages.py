@@ -134,6 +134,8 @@ def group_relative_advantages(
     group_size: int,
     *,
     normalize_std: bool,
+    episode_weight: str = "step",
+    valid: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Value-free advantages (GRPO / RLOO style) over a ``[T, B]`` rollout whose sub-envs began
@@ -145,9 +147,19 @@ def group_relative_advantages(
     (divided by the group's population std with ``normalize_std``). A group whose returns are
     all equal (within ``eps``: under a success reward, all succeeded or all failed) says nothing
     about which actions were better and is dropped from the loss. Steps after the first done
-    (the auto-reset episode that follows) are never trained on. ``group_size`` and
-    ``normalize_std`` are ``algorithm.group_size`` and ``algorithm.group_normalize_std``, passed as
-    they are (their defaults live in the schema).
+    (the auto-reset episode that follows) are never trained on. ``group_size``, ``normalize_std``
+    and ``episode_weight`` are ``algorithm.group_size``, ``algorithm.group_normalize_std`` and
+    ``algorithm.group_episode_weight``, passed as they are (their defaults live in the schema).
+
+    ``episode_weight``: "step" trains every step alike, so an episode weighs in proportion to its
+    length (failures that run to the time limit outweigh quick successes); "episode" scales each
+    episode's advantages by the mean length of the trained episodes over its own, so every episode
+    weighs alike (RLinf's per-episode mean) at the same overall scale. The loss is linear in the
+    advantage per sample (its clip bounds too), so this is the per-episode mean of the loss.
+
+    ``valid`` [T, B]: the steps whose samples are whole (``env.on_nonfinite=drop`` ends an episode
+    at a dropped sample); a group with an episode holding an invalid step has an unknown return in
+    it and is dropped whole.
 
     Returns:
         (advantages float32 [T, B], mask bool [T, B]: the steps that enter the loss, metrics).
@@ -177,10 +189,22 @@ def group_relative_advantages(
     if normalize_std:
         relative = relative / (std + eps)
     kept = (grouped.max(1).values - grouped.min(1).values) > eps
+    whole = torch.ones_like(kept)
+    if valid is not None:  # an episode ended by a dropped sample has no known return
+        whole = ~((~valid.bool()) & in_episode).any(0).view(-1, group_size).any(1)
+        kept = kept & whole
     advantages = relative.reshape(-1)[None, :] * in_episode
     mask = in_episode & kept.repeat_interleave(group_size)[None, :]
+    if episode_weight == "episode":
+        lengths = in_episode.sum(0).float()
+        trained = mask.any(0)
+        mean_length = lengths[trained].mean() if bool(trained.any()) else lengths.new_tensor(1.0)
+        advantages = advantages * (mean_length / lengths.clamp_min(1))[None, :]
+    elif episode_weight != "step":
+        raise ValueError(f"episode_weight={episode_weight!r}; use 'step' or 'episode'")
     num_groups = grouped.shape[0]
     metrics = {"train/grpo/groups": float(num_groups), "train/grpo/groups_dropped": float(num_groups - int(kept.sum())),
+               "train/grpo/groups_incomplete": float(num_groups - int(whole.sum())),
                "train/grpo/episode_return": float(returns.mean()),
                "train/grpo/trained_step_fraction": float(mask.float().mean())}
     return advantages.float(), mask, metrics

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 
@@ -35,6 +35,9 @@ class PPOBatch:
     returns: torch.Tensor
     versions: torch.Tensor
     loss_mask: torch.Tensor
+    # [N] actions of each decision's chunk the env executed (None: all); with log-probs per entry
+    # ([N, K], K = chunk x action dims, action-major) the update leaves the unexecuted ones out
+    executed_actions: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -87,6 +90,12 @@ class UpdateSettings:
     demo_loss_coef: float
     # parameters named with one of these prefixes take no step (actor.frozen_parameter_prefixes)
     frozen_prefixes: Tuple[str, ...]
+    # algorithm.logprob_type: a policy reporting log-probs per entry ([N, K]) has them summed over
+    # each decision's executed entries under "chunk_level"; env.num_action_chunks: the actions of a chunk
+    logprob_type: str = "chunk_level"
+    action_chunk: int = 1
+    # weight of the KL penalty toward the warm start (algorithm.anchor_kl_coef; 0: none)
+    anchor_kl_coef: float = 0.0
 
     @classmethod
     def from_config(cls, cfg, world_size: int, version: int = 0, optimizer_steps: int = 0) -> "UpdateSettings":
@@ -110,7 +119,8 @@ class UpdateSettings:
             policy_lr_factor=lr_factor(version, 0, cfg.runner.max_steps, actor.policy_lr_schedule,
                                        actor.policy_min_lr_ratio),
             train_critic=alg.adv_type == "gae", demo_loss_coef=alg.demo_loss_coef,
-            frozen_prefixes=tuple(actor.frozen_parameter_prefixes))
+            frozen_prefixes=tuple(actor.frozen_parameter_prefixes), logprob_type=alg.logprob_type,
+            action_chunk=cfg.env.num_action_chunks, anchor_kl_coef=alg.anchor_kl_coef)
 
 
 def _to(device, batch: PPOBatch) -> PPOBatch:
@@ -119,14 +129,17 @@ def _to(device, batch: PPOBatch) -> PPOBatch:
 
 @torch.no_grad()
 def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device,
-                       fresh_version: Optional[int] = None) -> torch.Tensor:
-    """log pi_proximal: the current (pre-update) policy's log-probs of the stored actions.
+                       fresh_version: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(log pi_proximal, V_proximal): the current (pre-update) policy's log-probs of the stored
+    actions and its values, from one pass. The values anchor the value clip: the rollout's are
+    several versions old.
 
     In eval mode: the anchor is the policy itself, not one random dropout mask of it.
     ``fresh_version``: samples of this version (the policy itself drew them) keep their behaviour
-    log-probs and only the others are recomputed.
+    log-probs and rollout values (the same weights), and only the others are recomputed.
     """
     proximal = batch.behaviour_logprobs.detach().float().clone()
+    values = batch.old_values.detach().float().clone()
     stale = torch.ones(len(batch), dtype=torch.bool) if fresh_version is None else batch.versions != fresh_version
     rows = torch.nonzero(stale).flatten()
     was_training = policy.training
@@ -135,10 +148,36 @@ def recompute_logprobs(policy, batch: PPOBatch, micro_batch_size: int, device,
         for start in range(0, len(rows), micro_batch_size):
             index = rows[start:start + micro_batch_size]
             micro = _to(device, batch.rows(index))
-            proximal[index] = policy.evaluate(micro.forward_inputs, micro.actions)[0].float().cpu()
+            logprobs, _, micro_values = policy.evaluate(micro.forward_inputs, micro.actions)
+            proximal[index], values[index] = logprobs.float().cpu(), micro_values.float().cpu()
     finally:
         policy.train(was_training)
-    return proximal
+    return proximal, values
+
+
+def anchor_kl_per_decision(logprobs: torch.Tensor, anchor: torch.Tensor,
+                           executed: Optional[torch.Tensor]) -> torch.Tensor:
+    """KL(current || warm start) per decision on the stored actions, estimator k3 with
+    r = pi_anchor / pi_theta (never negative, its gradient that of the KL); over log-probs per
+    entry the sum of the executed entries'."""
+    log_ratio = anchor.to(logprobs.device).float() - logprobs
+    k3 = torch.exp(log_ratio) - 1.0 - log_ratio
+    if k3.dim() == 2:
+        k3 = (k3 * (executed if executed is not None else 1.0)).sum(1)
+    return k3
+
+
+def executed_entries(logprobs: torch.Tensor, executed_actions: Optional[torch.Tensor],
+                     action_chunk: int) -> Optional[torch.Tensor]:
+    """[N, K] float: 1 at the log-prob entries of executed actions (K = chunk x action dims,
+    action-major), 0 at the rest (all 1 when the batch does not say); None for decision log-probs [N]."""
+    if logprobs.dim() != 2:
+        return None
+    if executed_actions is None:
+        return torch.ones_like(logprobs)
+    dims = logprobs.shape[1] // action_chunk
+    action_of_entry = torch.arange(logprobs.shape[1], device=logprobs.device) // dims
+    return (action_of_entry[None, :] < executed_actions.to(logprobs.device)[:, None]).float()
 
 
 def clip_gradients(policy, max_norm: float) -> torch.Tensor:
@@ -154,23 +193,38 @@ def all_ranks_finite(loss_finite: bool, grad_norm: torch.Tensor, all_reduce_sum:
 
 
 def _micro_batch_loss(policy, mc: PPOBatch, proximal: Optional[torch.Tensor], s: UpdateSettings,
-                      normalizer: float, train_policy: bool) -> Tuple[torch.Tensor, Dict[str, float]]:
+                      normalizer: float, train_policy: bool, anchor: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """The loss of one micro-batch (scaled by the minibatch's global ``normalizer``) and its
-    per-sample metrics. ``proximal``: recomputed log pi_p, or None to interpolate it by version."""
+    per-sample metrics. ``proximal``: recomputed log pi_p, or None to interpolate it by version;
+    ``anchor``: the warm start's log-probs of the actions (``algorithm.anchor_kl_coef``)."""
     # ---- forward: current log-probs, entropy, values ----
     logprobs, entropy, values = policy.evaluate(mc.forward_inputs, mc.actions)
-    logprobs, values = logprobs.float(), values.float()
+    logprobs, values, behaviour = logprobs.float(), values.float(), mc.behaviour_logprobs
     if proximal is None:
-        proximal = interpolate_proximal_logprobs(mc.behaviour_logprobs, logprobs.detach(), mc.versions,
-                                                 s.version, s.version + 1)
+        proximal = interpolate_proximal_logprobs(behaviour, logprobs.detach(), mc.versions, s.version, s.version + 1)
+    # ---- only the executed actions of a chunk: per entry, or summed back into the decision ----
+    executed = executed_entries(logprobs, mc.executed_actions, s.action_chunk)
+    anchor_kl = None if anchor is None else anchor_kl_per_decision(logprobs, anchor, executed)
+    if executed is not None and s.logprob_type == "chunk_level":
+        logprobs, proximal, behaviour = ((lp * executed).sum(1) for lp in (logprobs, proximal, behaviour))
+        executed = None
     # ---- losses: decoupled clipped policy loss, clipped Huber value loss, entropy ----
     pg_loss, pg_metrics = decoupled_ppo_actor_loss(
-        logprobs, proximal, mc.behaviour_logprobs, mc.advantages, mc.loss_mask, clip_ratio_low=s.clip_ratio_low,
+        logprobs, proximal, behaviour, mc.advantages, mc.loss_mask, clip_ratio_low=s.clip_ratio_low,
         clip_ratio_high=s.clip_ratio_high, clip_ratio_c=s.clip_ratio_c,
-        behave_weight_threshold=s.behave_weight_threshold, loss_normalizer=normalizer)
+        behave_weight_threshold=s.behave_weight_threshold, loss_normalizer=normalizer, entry_mask=executed)
     ent = masked_mean(entropy.float(), mc.loss_mask, denom=normalizer)
+    # token_level: the policy term is a mean over a decision's K entries, so the bonus is too (its
+    # decision's entropy is a sum over them: it would be K times stronger than under chunk_level)
+    entries = logprobs.shape[1] if logprobs.dim() == 2 else 1
     to_mean = normalizer / max(float(mc.loss_mask.sum()), 1.0)  # undo the global normaliser
-    loss = pg_loss - s.entropy_coef * ent if train_policy else pg_loss.new_zeros(())
+    loss = pg_loss - s.entropy_coef * ent / entries if train_policy else pg_loss.new_zeros(())
+    if anchor_kl is not None:
+        anchor_term = masked_mean(anchor_kl, mc.loss_mask, denom=normalizer)
+        loss = loss + s.anchor_kl_coef * anchor_term if train_policy else loss
+        pg_metrics["train/actor/anchor_kl"] = float(anchor_term.detach()) * normalizer / max(
+            float(mc.loss_mask.sum()), 1.0)
     v_metrics: Dict[str, float] = {}
     if s.train_critic:
         v_loss, v_metrics = value_loss(values, mc.old_values, mc.returns, mc.loss_mask, value_clip=s.value_clip,
@@ -210,7 +264,8 @@ DemoBackward = Callable[[float], Dict[str, float]]
 
 def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Tensor,
                           proximal: Optional[torch.Tensor], s: UpdateSettings, normalizer: float,
-                          train_policy: bool, device, demo_backward: Optional[DemoBackward] = None
+                          train_policy: bool, device, demo_backward: Optional[DemoBackward] = None,
+                          anchor: Optional[torch.Tensor] = None
                           ) -> Tuple[bool, list, Dict[str, float], torch.Tensor]:
     """Forward and backward over the micro-batches of one minibatch (and, on a policy step, the
     demonstrations' term), then clip: returns whether every loss was finite, per micro-batch its
@@ -222,7 +277,8 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
         index = mb_index[mc_start:mc_start + s.micro_batch_size]
         mc = _to(device, batch.rows(index))
         prox = proximal[index].to(device) if proximal is not None else None
-        loss, micro_metrics = _micro_batch_loss(policy, mc, prox, s, normalizer, train_policy)
+        anchored = anchor[index].to(device) if anchor is not None else None
+        loss, micro_metrics = _micro_batch_loss(policy, mc, prox, s, normalizer, train_policy, anchored)
         loss_finite &= bool(torch.isfinite(loss.detach()))
         if loss.requires_grad:
             loss.backward()
@@ -240,17 +296,35 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
     return loss_finite, step_metrics, demo_metrics, clip_gradients(policy, s.max_grad_norm)
 
 
+def _reference_logprobs(policy, batch: PPOBatch, s: UpdateSettings, device,
+                        warm_start: Optional[Callable[[], ContextManager]]
+                        ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(proximal, anchor) log-probs of the stored actions, once per update: the proximal ones from a
+    forward pass (its values then anchor the value clip; None: interpolated by version per
+    minibatch), the warm start's with ``s.anchor_kl_coef`` (None without)."""
+    anchor = None
+    if s.anchor_kl_coef > 0:
+        if warm_start is None:
+            raise ValueError("algorithm.anchor_kl_coef > 0 needs the warm start's weights (ppo_update's warm_start)")
+        with warm_start():
+            anchor = recompute_logprobs(policy, batch, s.micro_batch_size, device)[0]
+    proximal = None
+    if s.recompute_logprobs:
+        proximal, batch.old_values = recompute_logprobs(policy, batch, s.micro_batch_size, device,
+                                                        None if s.recompute_fresh_logprobs else s.version)
+    return proximal, anchor
+
+
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
-               generator: torch.Generator, device="cpu", demo_backward: Optional[DemoBackward] = None
-               ) -> Dict[str, float]:
+               generator: torch.Generator, device="cpu", demo_backward: Optional[DemoBackward] = None,
+               warm_start: Optional[Callable[[], ContextManager]] = None) -> Dict[str, float]:
     """Epochs of minibatch steps; the optimiser's groups are named "policy" and "value".
     ``demo_backward``: the demonstrations' term, added to every policy step (``s.demo_loss_coef``).
-    An empty batch (every group-relative sample dropped) takes no step."""
+    ``warm_start()``: a context in which the policy holds the weights the run began with (the
+    anchor of ``s.anchor_kl_coef``). An empty batch (every group-relative sample dropped) takes no step."""
     if len(batch) == 0:
         return _update_metrics({}, {}, s, 0, 0, 0)
-    # ---- proximal log-probs: a forward pass now, or interpolated by version per minibatch ----
-    proximal = recompute_logprobs(policy, batch, s.micro_batch_size, device,
-                                  None if s.recompute_fresh_logprobs else s.version) if s.recompute_logprobs else None
+    proximal, anchor = _reference_logprobs(policy, batch, s, device, warm_start)
 
     # ---- advantage normalisation with global statistics ----
     if s.normalize_advantages:
@@ -270,17 +344,20 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             normalizer = max(float(valid), 1.0) / s.world_size
             train_policy = steps_taken >= s.critic_warmup_left
             loss_finite, step_metrics, demo_metrics, grad_norm = _accumulate_gradients(
-                policy, optimizer, batch, mb_index, proximal, s, normalizer, train_policy, device, demo_backward)
+                policy, optimizer, batch, mb_index, proximal, s, normalizer, train_policy, device, demo_backward,
+                anchor)
             # ---- a NaN/inf loss or gradient would poison the weights for good: skip that step ----
             if not all_ranks_finite(loss_finite, grad_norm, all_reduce_sum, s.world_size):
                 optimizer.zero_grad(set_to_none=True)
                 nonfinite_skipped += 1
                 continue
-            for decisions, micro_metrics in step_metrics:  # only steps taken count in the averages
+            # only steps taken count in the averages, each micro-batch by its trained decisions
+            # (a mostly masked one would otherwise weigh as much as a full one)
+            for decisions, micro_metrics in step_metrics:
                 for name, value in micro_metrics.items():
-                    sums[name] += value
-                    counts[name] += 1
-                epoch_kl_sum += micro_metrics["train/actor/proximal_approx_kl"] * decisions
+                    sums[name] += value * decisions
+                    counts[name] += decisions
+                epoch_kl_sum += micro_metrics["train/actor/trust_region_kl"] * decisions
                 epoch_decisions += decisions
             for name, value in {**demo_metrics, "train/actor/grad_norm": float(grad_norm)}.items():
                 sums[name] += value
@@ -293,7 +370,8 @@ def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce
             steps_taken += 1
         epochs_run += 1
         # ---- early stop once the policy moved too far from the proximal anchor: the epoch's mean
-        # KL per trained decision over every rank (a micro-batch's KL is the mean over its own) ----
+        # trust-region KL per trained decision over every rank (a micro-batch's is the mean over
+        # its own, behaviour-weighted: ppo_loss._trust_region_kl) ----
         kl_sum, decisions = all_reduce_sum(torch.tensor([epoch_kl_sum, float(epoch_decisions)])).tolist()
         kl = kl_sum / max(decisions, 1.0)
         if s.target_kl is not None and steps_taken > s.critic_warmup_left and kl > s.target_kl:
@@ -309,7 +387,7 @@ def _update_metrics(sums: Dict[str, float], counts: Dict[str, int], s: UpdateSet
     reported = ("train/actor/policy_loss", "train/critic/value_loss", "train/critic/value_clip_fraction") \
         if s.train_critic else ("train/actor/policy_loss",)
     metrics = {name: float("nan") for name in reported}
-    metrics.update({name: sums[name] / counts[name] for name in sums})
+    metrics.update({name: sums[name] / counts[name] for name in sums if counts[name]})
     metrics["train/actor/epochs"] = float(epochs_run)
     metrics["train/actor/optimizer_steps"] = float(steps_taken)
     metrics["train/actor/nonfinite_skipped"] = float(nonfinite_skipped)

@@ -42,22 +42,63 @@ def _fraction(flag: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def _per_element(logprobs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
-                 loss_normalizer: Normalizer) -> tuple[torch.Tensor, torch.Tensor, Normalizer]:
-    """token_level ([N, K] log-probs): each dimension of a decision carries its advantage and mask,
-    and the normaliser counts dimensions. [N] log-probs: all as they are."""
+                 loss_normalizer: Normalizer, entry_mask: Optional[torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor, Normalizer]:
+    """token_level ([N, K] log-probs): each dimension of a decision carries its advantage and mask
+    (and ``entry_mask``'s: the entries of actions that never ran train on nothing), and the
+    normaliser counts dimensions. [N] log-probs: all as they are."""
     if logprobs.dim() != 2:
         return advantages, loss_mask, loss_normalizer
     dims = logprobs.shape[1]
-    return (advantages[:, None].expand_as(logprobs), loss_mask[:, None].expand_as(logprobs),
+    mask = loss_mask[:, None].expand_as(logprobs)
+    if entry_mask is not None:
+        mask = mask & entry_mask.bool()
+    return (advantages[:, None].expand_as(logprobs), mask,
             None if loss_normalizer is None else loss_normalizer * dims)
 
 
-def _decision_kl(ratio: torch.Tensor, log_ratio: torch.Tensor, decision_mask: torch.Tensor) -> float:
-    """The mean KL per decision (estimator k3 = (r - 1) - log r). Over [N, K] log-probs a decision's
-    KL is the sum of its independent dimensions', so ``algorithm.target_kl`` means the same at
-    either log-prob level."""
-    k3 = (ratio - 1.0) - log_ratio
-    return float(masked_mean(k3.sum(dim=1) if k3.dim() == 2 else k3, decision_mask))
+def _per_decision(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] per-dimension terms -> [N], a decision's the sum of its independent dimensions'."""
+    return values.sum(dim=1) if values.dim() == 2 else values
+
+
+def _reported_kl(log_ratio: torch.Tensor, decision_mask: torch.Tensor) -> float:
+    """The mean KL per decision as RLinf reports it (-mean log r, estimator k1), so that curves
+    compare: the samples come from the denominator's policy, so its mean is KL(denominator || numerator)."""
+    return float(masked_mean(-_per_decision(log_ratio), decision_mask))
+
+
+def _trust_region_kl(ratio: torch.Tensor, log_ratio: torch.Tensor, behav_weight: torch.Tensor,
+                     trained: torch.Tensor) -> float:
+    """What ``algorithm.target_kl`` reads: KL(proximal || current) per trained decision, estimator k3
+    = (r - 1) - log r (never negative), over the samples the loss trains on, each weighted by its
+    behaviour weight w = pi_p / pi_b: the samples were drawn by pi_b, and w makes the mean one over
+    the proximal policy's own actions (self-normalised)."""
+    k3 = _per_decision((ratio - 1.0) - log_ratio)
+    weight = torch.where(trained, _decision_weight(behav_weight), torch.zeros_like(k3))
+    return float((weight * k3).sum() / weight.sum().clamp_min(1e-12))
+
+
+def _kl_metrics(log_ratio: torch.Tensor, log_behav_weight: torch.Tensor, entry_mask: Optional[torch.Tensor],
+                decision_mask: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
+    """The reported KLs (RLinf's) and the trust-region KL ``target_kl`` reads; a decision's KL sums
+    the entries that ran (``entry_mask``)."""
+    if entry_mask is not None:
+        log_ratio, log_behav_weight = (torch.where(entry_mask.bool(), x, torch.zeros_like(x))
+                                       for x in (log_ratio, log_behav_weight))
+    return {"train/actor/proximal_approx_kl": _reported_kl(log_ratio, decision_mask),
+            "train/actor/behav_approx_kl": _reported_kl(log_behav_weight, decision_mask),
+            "train/actor/trust_region_kl": _trust_region_kl(torch.exp(log_ratio), log_ratio,
+                                                            torch.exp(log_behav_weight), trained)}
+
+
+def _all_dimensions(flags: torch.Tensor) -> torch.Tensor:
+    return flags.all(dim=1) if flags.dim() == 2 else flags
+
+
+def _decision_weight(behav_weight: torch.Tensor) -> torch.Tensor:
+    """A decision's behaviour weight: over [N, K] the product of its dimensions'."""
+    return torch.exp(_per_decision(torch.log(behav_weight))) if behav_weight.dim() == 2 else behav_weight
 
 
 def decoupled_ppo_actor_loss(
@@ -72,6 +113,7 @@ def decoupled_ppo_actor_loss(
     clip_ratio_c: Optional[float],
     behave_weight_threshold: Optional[float],
     loss_normalizer: Normalizer = None,
+    entry_mask: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO policy loss with dual clip and behaviour-weight masking.
 
@@ -81,8 +123,10 @@ def decoupled_ppo_actor_loss(
     and mask of its decision, and the loss is the mean over dimensions (RLinf's token-level
     ratio). Only `logprobs` receives gradient.
 
-    The settings (keyword-only, no defaults) are ``algorithm``'s, passed as they are: their
-    defaults live in the schema and their bounds are checked once, at start-up.
+    The denominator counts the decisions of ``loss_mask`` (x K over [N, K]), behaviour-masked or
+    not: training passes that count over every rank; without one the same rule holds here.
+
+    The settings (keyword-only) are ``algorithm``'s as they are (defaults and bounds: the schema).
 
     Args:
         logprobs: log pi_theta(a), current policy.
@@ -96,7 +140,9 @@ def decoupled_ppo_actor_loss(
         behave_weight_threshold: samples with w = pi_p / pi_b above this are
             masked out (too off-policy); None disables.
         loss_normalizer: optional denominator, a count of decisions (e.g. the global count of
-            valid ones); with [N, K] log-probs it is scaled by K.
+            valid ones); with [N, K] log-probs it is scaled by K. None: ``loss_mask``'s count.
+        entry_mask: [N, K] with [N, K] log-probs: the entries that ran (an episode ending
+            part-way through a chunk never ran the rest); the others train on nothing.
 
     Returns:
         (scalar loss, metrics dict of python floats).
@@ -104,14 +150,14 @@ def decoupled_ppo_actor_loss(
     if loss_mask is None:
         loss_mask = torch.ones_like(advantages, dtype=torch.bool)
     decision_mask = loss_mask.bool()
+    if loss_normalizer is None:  # the rule training follows: behaviour-masked samples count, as zeros
+        loss_normalizer = decision_mask.sum().clamp(min=1).float()
     advantages, loss_mask, loss_normalizer = _per_element(logprobs, advantages.detach(), decision_mask,
-                                                          loss_normalizer)
+                                                          loss_normalizer, entry_mask)
     proximal_logprobs, behaviour_logprobs = proximal_logprobs.detach(), behaviour_logprobs.detach()
 
-    log_ratio = logprobs - proximal_logprobs
-    ratio = torch.exp(log_ratio)
-    log_behav_weight = proximal_logprobs - behaviour_logprobs
-    behav_weight = torch.exp(log_behav_weight)
+    log_ratio, log_behav_weight = logprobs - proximal_logprobs, proximal_logprobs - behaviour_logprobs
+    ratio, behav_weight = torch.exp(log_ratio), torch.exp(log_behav_weight)
 
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -138,8 +184,8 @@ def decoupled_ppo_actor_loss(
     with torch.no_grad():
         metrics = {
             "train/actor/policy_loss": float(loss),
-            "train/actor/proximal_approx_kl": _decision_kl(ratio, log_ratio, decision_mask),
-            "train/actor/behav_approx_kl": _decision_kl(behav_weight, log_behav_weight, decision_mask),
+            **_kl_metrics(log_ratio, log_behav_weight, entry_mask, decision_mask,
+                          decision_mask & ~_all_dimensions(behav_masked)),
             "train/actor/clip_fraction": _fraction(pg_loss2 > pg_loss1, loss_mask),
             "train/actor/dual_clip_fraction": _fraction(dual_active, loss_mask),
             "train/actor/behav_clip_fraction": _fraction(behav_masked, loss_mask),

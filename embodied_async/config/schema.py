@@ -285,9 +285,9 @@ class AlgorithmConfig:
     huber_delta: float = 10.0
     value_loss_coef: float = 0.5
     entropy_coef: float = 0.0
-    normalize_advantages: bool = True
+    normalize_advantages: bool = True  # over the batch (gae); grpo refuses it: its groups normalise
     update_epochs: int = 8
-    target_kl: Optional[float] = 0.1  # stop the epoch loop once proximal KL exceeds it
+    target_kl: Optional[float] = 0.1  # stop the epoch loop once the trust-region KL exceeds it
     reward_scale: float = 1.0
     # how advantages are estimated: "gae" (a critic's values, GAE over gamma / gae_lambda) or
     # "grpo" (value-free, group-relative: every trajectory starts group_size sub-envs of each group
@@ -299,10 +299,11 @@ class AlgorithmConfig:
     adv_type: str = "gae"
     group_size: int = 1  # grpo: sub-envs per initial state (>= 2); each policy batch holds whole groups
     group_normalize_std: bool = True
-    # > 0: a supervised term on the demonstrations of `dataset` (the family's own SFT loss) added to
-    # every policy step with this weight, so RL cannot forget the warm start while it explores
+    group_episode_weight: str = "step"  # grpo: "step" (episodes weigh by their length) or "episode" (alike)
+    # > 0: the family's own SFT loss on `dataset`'s demonstrations, this weight x it in every policy step
     demo_loss_coef: float = 0.0
     demo_batch_size: int = 32  # demonstration frames per optimiser step, over all actor ranks
+    anchor_kl_coef: float = 0.0  # > 0: this x KL(current || the run's warm start) per decision; 0: off
 
 
 @dataclass

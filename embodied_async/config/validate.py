@@ -195,6 +195,7 @@ def _check_advantages(cfg: TrainConfig, topology: Topology) -> None:
     require(value_input != "privileged_states" or cfg.env.privileged_states or value_free,
             "model.value_input=privileged_states: the critic reads the env's privileged state vector; set "
             "env.privileged_states=true")
+    choice(alg.group_episode_weight, "algorithm.group_episode_weight", ("step", "episode"))
     if not value_free:
         return
     size = alg.group_size
@@ -216,10 +217,16 @@ def _check_advantages(cfg: TrainConfig, topology: Topology) -> None:
             f"env.num_action_chunks = {cfg.rollout.num_steps} x {cfg.env.num_action_chunks} = {covered} env steps, "
             f"less than env.max_episode_steps={episode}; set rollout.num_steps to at least "
             f"{-(-episode // cfg.env.num_action_chunks)}")
+    require(not alg.normalize_advantages or cfg.runner.mode != "ppo",
+            "algorithm.normalize_advantages=true (its default) with algorithm.adv_type=grpo: group-relative "
+            "advantages are already over each group's std, and normalising them again over the batch (weighted by "
+            "steps) breaks each group's zero mean: set algorithm.normalize_advantages=false")
 
 
 def _check_demonstrations(cfg: TrainConfig, world: int) -> None:
     alg = cfg.algorithm
+    bound(alg.anchor_kl_coef, "algorithm.anchor_kl_coef", lambda v: v >= 0, "must be >= 0",
+          "use 0 (no anchor) or e.g. 0.01")
     bound(alg.demo_loss_coef, "algorithm.demo_loss_coef", lambda v: v >= 0, "must be >= 0",
           "use 0 for no demonstrations in the RL loss, or e.g. 0.1")
     if alg.demo_loss_coef == 0:

@@ -5,6 +5,7 @@ to the rollout workers."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Dict, List
 
@@ -30,6 +31,30 @@ class ActorWorker(TrainerCore):
         self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
         self.actor_channel.listen([(*stream, rank) for stream in topology.streams])
         self._demo_batches = None
+        self._warm_start: Dict[str, torch.Tensor] = {}
+
+    def init_model(self, host: str, port: int) -> None:
+        """The trainer core's set-up; with ``algorithm.anchor_kl_coef`` > 0, a copy of the trainable
+        weights as built and loaded (``model.init_from``), before any resume: the anchor."""
+        super().init_model(host, port)
+        if self.cfg.algorithm.anchor_kl_coef > 0:
+            self._warm_start = {name: p.detach().clone() for name, p in self.policy.named_parameters()
+                                if p.requires_grad}
+
+    @contextlib.contextmanager
+    def _warm_start_weights(self):
+        """The policy holds the warm start's trainable weights inside (this rank's shards), its own after."""
+        params = dict(self.policy.named_parameters())
+        current = {name: params[name].detach().clone() for name in self._warm_start}
+        with torch.no_grad():
+            for name, value in self._warm_start.items():
+                params[name].copy_(value)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, value in current.items():
+                    params[name].copy_(value)
 
     def prepare_policy(self, policy) -> None:
         """With ``algorithm.demo_loss_coef`` > 0: the demonstrations of ``dataset.root`` as a stream of
@@ -92,8 +117,9 @@ class ActorWorker(TrainerCore):
         alg = self.cfg.algorithm
         loss_mask = traj.loss_mask
         if alg.adv_type == "grpo":
-            advantages, trained, metrics = group_relative_advantages(traj.rewards, traj.dones, alg.group_size,
-                                                                     normalize_std=alg.group_normalize_std)
+            advantages, trained, metrics = group_relative_advantages(
+                traj.rewards, traj.dones, alg.group_size, normalize_std=alg.group_normalize_std,
+                episode_weight=alg.group_episode_weight, valid=loss_mask)
             returns, loss_mask = torch.zeros_like(advantages), loss_mask & trained
         else:
             advantages, returns = compute_gae(traj.rewards, traj.values, traj.dones, traj.next_values,
@@ -102,7 +128,8 @@ class ActorWorker(TrainerCore):
         steps = traj.map(lambda t, env_dim: flat(t) if env_dim == 1 else t)
         batch = PPOBatch(steps.forward_inputs, steps.actions, behaviour_logprobs=steps.logprobs,
                          old_values=steps.values, advantages=flat(advantages), returns=flat(returns),
-                         versions=steps.versions, loss_mask=flat(loss_mask))
+                         versions=steps.versions, loss_mask=flat(loss_mask),
+                         executed_actions=steps.executed_actions)
         if alg.adv_type == "grpo":
             return self._trained_rows(batch), metrics
         return batch, {"train/critic/explained_variance": explained_variance(batch.old_values, batch.returns,
@@ -142,7 +169,8 @@ class ActorWorker(TrainerCore):
         self.policy.train()
         demo = self._demo_backward if self._demo_batches is not None else None
         metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
-                             self.generator, self.device, demo_backward=demo)
+                             self.generator, self.device, demo_backward=demo,
+                             warm_start=self._warm_start_weights if self._warm_start else None)
         self.optimizer_steps += int(metrics["train/actor/optimizer_steps"])
         versions = traj.versions.float()
         out = {**metrics, **self.store.pop_metrics(), **advantage_metrics,

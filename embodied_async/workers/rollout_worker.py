@@ -15,7 +15,7 @@ from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.data import ActionMessage, EnvOutput, StepRecord, Trajectory, WeightMessage, slice_observation
 from embodied_async.evaluation import evaluation_seed, run_episodes
 from embodied_async.normalization import pop_observation_moments
-from embodied_async.registry import build_env, build_policy
+from embodied_async.registry import build_env, build_policy, reported_logprob_type
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.scheduler.futures import first_done
 from embodied_async.workers.base import (
@@ -57,7 +57,7 @@ class RolloutWorker:
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
         self.policy = build_policy(cfg.model, env_spec, device=self.device,
-                                   logprob_type=cfg.algorithm.logprob_type).eval()
+                                   logprob_type=reported_logprob_type(cfg)).eval()
         self.reports_success = env_spec.reports_success
         torch.manual_seed(seed)  # each rollout rank draws its own exploration noise
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
@@ -180,6 +180,7 @@ class RolloutWorker:
         step.rewards = torch.tensor(out.rewards, dtype=torch.float32) * self.cfg.algorithm.reward_scale
         step.dones = torch.tensor(out.dones, dtype=torch.bool)
         step.loss_mask = torch.tensor(out.valid, dtype=torch.bool)
+        step.executed_actions = torch.tensor(out.executed_steps(self.cfg.env.num_action_chunks), dtype=torch.int64)
         step.bootstrap_values = torch.zeros_like(step.rewards)
         rows = np.flatnonzero(out.dones & out.bootstrap & out.valid)
         if len(rows):

@@ -22,8 +22,8 @@ import torch.distributed as dist
 from embodied_async.checkpoint_io import CheckpointError, load_tree, save_tree
 from embodied_async.data import WeightMessage
 from embodied_async.normalization import normalizer_state
-from embodied_async.registry import build_policy
-from embodied_async.run_folder import MODEL_TREE, write_model_info
+from embodied_async.registry import build_policy, reported_logprob_type
+from embodied_async.run_folder import MODEL_TREE, fit_rl_only_heads, write_model_info
 from embodied_async.workers.base import ProcessClock, setup_worker_process
 from embodied_async.workers.sharding import (
     COMPUTE_DTYPES,
@@ -74,24 +74,12 @@ def check_frozen_prefixes(prefixes, trainable_names) -> None:
 
 def load_initial_weights(policy, folder: str, model_cfg) -> None:
     """``model.init_from``: the checkpoint's weights and observation statistics, nothing else
-    (``run_folder.check_init_from`` verified the files at start-up)."""
+    (``run_folder.check_init_from`` verified the files at start-up). The heads only RL trains
+    (value head, noise head) start fresh where the checkpoint lacks them or holds other ones: a
+    real run's RL starts from a supervised checkpoint (``run_folder.fit_rl_only_heads``)."""
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
-    state = load_tree(folder, MODEL_TREE)
-    # a supervised run never trains the value head: one of another shape (another
-    # model.value_input or value_head_hidden_sizes) starts fresh instead of refusing the checkpoint
-    prefixes = tuple(getattr(policy, "value_parameter_prefixes", ()))
-    if prefixes:
-        own = {n: tuple(t.shape) for n, t in [*policy.named_parameters(), *policy.named_buffers()]
-               if n.startswith(prefixes)}
-        theirs = {n: tuple(t.shape) for n, t in state.items() if n.startswith(prefixes)}
-        if theirs != own:
-            state = {n: t for n, t in state.items() if not n.startswith(prefixes)}
-            trainable -= set(own)
-            if not own:  # a value-free policy (algorithm.adv_type=grpo) has no use for it
-                print(f"[init_from] the value head in {folder} is left out: this policy has none", flush=True)
-            else:
-                print(f"[init_from] the value head in {folder} has another shape than this policy's: it starts "
-                      "fresh, the rest of the weights come from the checkpoint", flush=True)
+    state, left_as_built = fit_rl_only_heads(policy, load_tree(folder, MODEL_TREE), folder, "init_from")
+    trainable -= left_as_built
     try:
         load_model_state(policy, state, trainable)
     except (KeyError, ValueError) as err:
@@ -134,7 +122,7 @@ class TrainerCore:
                                 world_size=self.world_size)
         torch.manual_seed(self.cfg.runner.seed)  # same initial weights on every rank
         policy = build_policy(self.cfg.model, self.env_spec, device=self.device,
-                              logprob_type=self.cfg.algorithm.logprob_type)
+                              logprob_type=reported_logprob_type(self.cfg))
         if self.cfg.model.init_from:
             load_initial_weights(policy, self.cfg.model.init_from, self.cfg.model)
         self.prepare_policy(policy)

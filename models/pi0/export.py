@@ -216,7 +216,8 @@ def _write_meta(request: ExportRequest) -> List[str]:
 
 def _notes(request: ExportRequest, merged: int, weights: Dict[str, torch.Tensor], meta: List[str]) -> List[str]:
     policy, cfg = request.policy, request.model_cfg
-    left_out = [name for name in ("value_head", "noise_head") if getattr(policy, name, None) is not None]
+    left_out = [name for name in ("value_head", "noise_head", "action_log_std")
+                if getattr(policy, name, None) is not None]
     dtypes = sorted({str(value.dtype).replace("torch.", "") for value in weights.values()})
     cameras = ", ".join(f"observation.images.{camera} <- {key}"
                         for camera, key in zip(policy.model.arch.cameras, policy.camera_keys))

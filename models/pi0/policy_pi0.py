@@ -17,6 +17,7 @@ and the supervised loss run without it, and a value-free run builds no head at a
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 
 from embodied_async.data import PolicyOutput
 from embodied_async.normalization import InputStatistics
-from models.common import as_tensor, head_output, inference, make_mlp, zero_values
+from models.common import LOG_STD_MAX, LOG_STD_MIN, as_tensor, head_output, inference, make_mlp, zero_values
 from models.vla import (
     PrivilegedValueHead,
     check_action_chunk,
@@ -60,6 +61,8 @@ class Pi0Policy(nn.Module):
     """
 
     value_parameter_prefixes = ("value_head.",)
+    # the heads only RL trains: a supervised checkpoint lacks them, and RL from it starts them fresh
+    rl_only_parameter_prefixes = ("value_head.", "noise_head.", "action_log_std")
     # "token_level": log-probs per executed action entry (build_policy sets it from algorithm.logprob_type)
     logprob_type = "chunk_level"
 
@@ -69,7 +72,8 @@ class Pi0Policy(nn.Module):
                  noise_head_hidden_sizes: Sequence[int] = (128, 64),
                  lora_rank: int = 0, lora_alpha: float = 32, lora_targets: Sequence[str] = (),
                  lora_parts: Sequence[str] = LORA_PARTS, lora_init=True, gradient_checkpointing: bool = False,
-                 pad_after_scaling: bool = False, privileged_value_dim: int = 0, value_head: bool = True):
+                 pad_after_scaling: bool = False, privileged_value_dim: int = 0, value_head: bool = True,
+                 action_std: float = 0.1, learn_action_std: bool = True):
         super().__init__()
         if value_input not in VALUE_INPUTS:
             raise ValueError(f"value_input={value_input!r}; use one of {VALUE_INPUTS}")
@@ -102,6 +106,14 @@ class Pi0Policy(nn.Module):
         if settings.method == "flow_noise":
             self.noise_head = make_mlp(arch.expert.width, list(noise_head_hidden_sizes), arch.max_action_dim, "tanh",
                                        out_std=0.01).to(dtype)
+        if settings.method == "action_gaussian":  # the executed action's std per dimension (normalised units)
+            log_std = torch.full((arch.max_action_dim,), math.log(action_std))
+            if learn_action_std:
+                self.action_log_std = nn.Parameter(log_std)
+            else:
+                self.register_buffer("action_log_std", log_std)
+        else:
+            self.action_log_std = None
         if lora_rank > 0:
             self._add_lora(lora_rank, lora_alpha, list(lora_targets), list(lora_parts), lora_init)
         model.gradient_checkpointing = gradient_checkpointing
@@ -137,6 +149,12 @@ class Pi0Policy(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.model.action_out_proj.weight.device
+
+    def _action_std(self):
+        """``action_gaussian``'s std per action dimension (clamped as the state policies' log std)."""
+        if self.action_log_std is None:
+            return None
+        return self.action_log_std.float().clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
 
     # ---- inputs ----------------------------------------------------------------------------
     def observation_inputs(self, obs, critic: bool = True) -> Dict[str, torch.Tensor]:
@@ -202,7 +220,7 @@ class Pi0Policy(nn.Module):
                                                                device=self.device)
             method = settings if mode == "train" else ChainSettings(**{**settings.__dict__, "method": "flow_ode"})
             drawn = sample_chain(self.model, prefix, state, noise, method, self.noise_head,
-                                 per_dimension=self.logprob_type == "token_level")
+                                 per_dimension=self.logprob_type == "token_level", action_std=self._action_std())
             values = self._value(prefix, hidden, state, inputs)
             if self.privileged_value and mode == "train":  # the critic's running statistics learn from it
                 self.value_head.observe(inputs["privileged_states"])
@@ -232,7 +250,8 @@ class Pi0Policy(nn.Module):
         state = inputs["state"]
         logprobs, entropy = chain_log_prob(self.model, prefix, state, inputs["chain"], inputs["stochastic_step"],
                                            self.settings, self.noise_head,
-                                           per_dimension=self.logprob_type == "token_level")
+                                           per_dimension=self.logprob_type == "token_level",
+                                           action_std=self._action_std())
         return logprobs, entropy, self._value(prefix, hidden, state, inputs)
 
 
@@ -347,7 +366,7 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
         normalization.check_dims(state_dim, action_dim, source)
     settings = ChainSettings(model_cfg.noise_method, model_cfg.num_steps or arch.num_inference_steps, executed,
                              action_dim, model_cfg.noise_level, tuple(model_cfg.noise_std_bounds),
-                             model_cfg.initial_noise_scale)
+                             model_cfg.chain_start_scale(), model_cfg.chain_logprob)
     lora = model_cfg.lora
     return Pi0Policy(model, normalization, load_tokenizer(model_cfg.tokenizer, arch.vocab_size), settings,
                      camera_keys=keys, value_input=model_cfg.value_input,
@@ -358,5 +377,6 @@ def build_pi0_policy(model_cfg, env_spec=None, device=None) -> Pi0Policy:
                      gradient_checkpointing=model_cfg.gradient_checkpointing,
                      pad_after_scaling=model_cfg.pad_after_scaling,
                      privileged_value_dim=privileged_value_dim(model_cfg, env_spec),
-                     value_head=model_cfg.builds_value_head())
+                     value_head=model_cfg.builds_value_head(), action_std=model_cfg.action_std,
+                     learn_action_std=model_cfg.learn_action_std)
 

@@ -50,6 +50,35 @@ def test_a_group_of_four_with_one_success_and_an_all_failed_group():
     assert metrics["train/grpo/groups_dropped"] == 1.0
 
 
+def test_per_episode_weighting_makes_every_episode_weigh_alike_at_the_same_scale():
+    """algorithm.group_episode_weight=episode: sub-env 0's episode has 2 steps, sub-env 1's 3; scaled
+    by the mean length over their own (2.5 / 2 and 2.5 / 3), each episode's advantages sum to
+    the same magnitude, and the trained steps' total weight is unchanged."""
+    steps, _, _ = group_relative_advantages(REWARDS, DONES, group_size=2, normalize_std=True)
+    episodes, mask, _ = group_relative_advantages(REWARDS, DONES, group_size=2, normalize_std=True,
+                                                  episode_weight="episode")
+    assert episodes[:, 0].sum().item() == pytest.approx(2.5, abs=1e-4)  # 2 steps x (+1 x 1.25)
+    assert episodes[:, 1].sum().item() == pytest.approx(-2.5, abs=1e-4)  # 3 steps x (-1 x 2.5 / 3)
+    assert steps[:, 0].sum().item() == pytest.approx(2.0, abs=1e-4)
+    assert steps[:, 1].sum().item() == pytest.approx(-3.0, abs=1e-4)
+    assert episodes[mask].abs().sum().item() == pytest.approx(steps[mask].abs().sum().item())
+
+
+def test_a_group_with_an_episode_ended_by_a_dropped_sample_is_dropped_whole():
+    """env.on_nonfinite=drop ends an episode at the dropped sample (done, not valid): its return is
+    unknown, so its group is not compared as if complete."""
+    rewards, dones = torch.zeros(2, 4), torch.ones(2, 4, dtype=torch.bool)
+    rewards[0, 0] = 1.0  # group 0: sub-env 0 succeeds, sub-env 1 "fails" at a dropped sample
+    rewards[0, 2] = 1.0  # group 1: a success and a whole failure
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    valid[0, 1] = False
+    _, mask, metrics = group_relative_advantages(rewards, dones, group_size=2, normalize_std=False, valid=valid)
+    assert not mask[:, :2].any() and mask[0, 2:].all()
+    assert metrics["train/grpo/groups_incomplete"] == 1.0 and metrics["train/grpo/groups_dropped"] == 1.0
+    _, unchecked, _ = group_relative_advantages(rewards, dones, group_size=2, normalize_std=False)
+    assert unchecked[0, :2].all()  # without the valid mask the group would be compared
+
+
 def test_an_episode_cut_by_the_trajectory_end_is_refused_naming_the_sub_env():
     dones = DONES.clone()
     dones[:, 2] = False

@@ -98,7 +98,8 @@ def test_an_empty_batch_takes_no_step():
 def test_update_settings_take_the_new_keys_from_the_config(make_config, coef, tmp_path):
     from embodied_async.algorithms.ppo import UpdateSettings
 
-    cfg = make_config("algorithm.adv_type=grpo", "algorithm.group_size=2", f"algorithm.demo_loss_coef={coef}",
+    cfg = make_config("algorithm.adv_type=grpo", "algorithm.group_size=2", "algorithm.normalize_advantages=false",
+                      f"algorithm.demo_loss_coef={coef}",
                       f"dataset.root={tmp_path}", "rollout.num_steps=12")
     s = UpdateSettings.from_config(cfg, world_size=1)
     assert s.train_critic is False and s.demo_loss_coef == coef
@@ -113,12 +114,16 @@ def test_fresh_samples_can_keep_their_behaviour_log_probs_as_the_proximal_ones()
     seen = []
     evaluate = policy.evaluate
     policy.evaluate = lambda inputs, actions: seen.append(len(actions)) or evaluate(inputs, actions)
-    every = recompute_logprobs(policy, data, 8, "cpu")
+    every, every_values = recompute_logprobs(policy, data, 8, "cpu")
     assert sum(seen) == 32
     seen.clear()
-    partial = recompute_logprobs(policy, data, 8, "cpu", fresh_version=5)
+    partial, partial_values = recompute_logprobs(policy, data, 8, "cpu", fresh_version=5)
     assert sum(seen) == 20  # only the stale ones went through the policy
     assert torch.equal(partial[:20], every[:20]) and torch.equal(partial[20:], data.behaviour_logprobs[20:])
+    # the values of the same pass anchor the value clip; the fresh ones keep the rollout's
+    assert torch.equal(partial_values[:20], every_values[:20]) and torch.equal(partial_values[20:],
+                                                                              data.old_values[20:])
+    assert not torch.equal(every_values[:20], data.old_values[:20])
 
 
 def test_the_trained_rows_go_first_and_every_rank_keeps_as_many_as_the_fullest():

@@ -39,8 +39,10 @@ def test_unclipped_region():
     assert m["train/actor/policy_loss"] == pytest.approx(-0.65)
     assert m["train/actor/clip_fraction"] == 0.0 and m["train/actor/dual_clip_fraction"] == 0.0
     assert m["train/actor/ratio_mean"] == pytest.approx(1.0)
-    # k3 = (r-1) - ln r: 0.1 - 0.0953102 = 0.0046898 ; -0.1 + 0.1053605 = 0.0053605
+    # reported as RLinf does, -mean ln r: -(0.0953102 - 0.1053605) / 2 = 0.0050252
     assert m["train/actor/proximal_approx_kl"] == pytest.approx(0.0050252, abs=1e-6)
+    # target_kl's k3 = (r-1) - ln r: 0.1 - 0.0953102 = 0.0046898 ; -0.1 + 0.1053605 = 0.0053605
+    assert m["train/actor/trust_region_kl"] == pytest.approx(0.0050252, abs=1e-6)
     assert m["train/actor/behav_approx_kl"] == pytest.approx(0.0)
     torch.testing.assert_close(grad, t([-1.1, 0.45]))
 
@@ -95,9 +97,10 @@ def test_behaviour_weight_and_mask():
     # r = 1 everywhere (logp = proximal). w = pi_p / pi_b = [2, 0.5, 4], A = [1, 1, -2]
     # loss_i = -A = [-1, -1, 2] ; w * loss_i = [-2, -0.5, 8]
     # no threshold: 5.5 / 3 = 1.8333333
-    # threshold 3: sample 2 masked -> (-2 - 0.5) / 2 = -1.25
-    # grads (threshold 3): w * -A * r / 2 = [-1, -0.25, 0]
-    # behav k3 = (w-1) - ln w: 0.3068528, 0.1931472, 1.6137056 -> mean 0.7045685
+    # threshold 3: sample 2 masked, still counted in the denominator as training counts it
+    # (the loss mask's decisions) -> (-2 - 0.5) / 3 = -0.8333333
+    # grads (threshold 3): w * -A * r / 3 = [-2/3, -1/6, 0]
+    # behav KL as RLinf reports it, -mean ln w: -(ln 2 - ln 2 + ln 4) / 3 = -0.4620981
     prox = torch.zeros(3, requires_grad=True)
     behav = (-torch.log(t([2.0, 0.5, 4.0]))).requires_grad_(True)
     adv = t([1.0, 1.0, -2.0])
@@ -106,14 +109,19 @@ def test_behaviour_weight_and_mask():
     loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv, **SETTINGS)
     assert loss.item() == pytest.approx(5.5 / 3)
     assert m["train/actor/behav_clip_fraction"] == 0.0
-    assert m["train/actor/behav_approx_kl"] == pytest.approx(0.7045685, abs=1e-6)
+    assert m["train/actor/behav_approx_kl"] == pytest.approx(-math.log(4) / 3, abs=1e-6)
 
     logp = torch.zeros(3, requires_grad=True)
     loss, m = decoupled_ppo_actor_loss(logp, prox, behav, adv, **{**SETTINGS, "behave_weight_threshold": 3.0})
     loss.backward()
-    assert loss.item() == pytest.approx(-1.25)
+    assert loss.item() == pytest.approx(-2.5 / 3)
     assert m["train/actor/behav_clip_fraction"] == pytest.approx(1 / 3)
-    torch.testing.assert_close(logp.grad, t([-1.0, -0.25, 0.0]))
+    torch.testing.assert_close(logp.grad, t([-2 / 3, -1 / 6, 0.0]))
+    # the same as training computes it: the loss mask's count passed as the normaliser
+    logp = torch.zeros(3, requires_grad=True)
+    trained, _ = decoupled_ppo_actor_loss(logp, prox, behav, adv, loss_normalizer=3.0,
+                                          **{**SETTINGS, "behave_weight_threshold": 3.0})
+    assert trained.item() == pytest.approx(loss.item())
     # Gradient flows only through the current log-probs.
     assert prox.grad is None and behav.grad is None
 

@@ -344,7 +344,7 @@ def test_a_key_only_the_supervised_mode_reads_is_refused_in_a_ppo_run(make_confi
 
 
 def test_group_relative_and_demonstration_settings_are_checked_at_start_up(make_config, tmp_path):
-    grpo = ["algorithm.adv_type=grpo", "rollout.num_steps=12"]
+    grpo = ["algorithm.adv_type=grpo", "rollout.num_steps=12", "algorithm.normalize_advantages=false"]
     with pytest.raises(ConfigError, match="algorithm.adv_type='ppo' is not allowed"):
         make_config("algorithm.adv_type=ppo")
     with pytest.raises(ConfigError, match="algorithm.group_size=1 must be >= 2"):
@@ -363,6 +363,10 @@ def test_group_relative_and_demonstration_settings_are_checked_at_start_up(make_
         make_config("algorithm.adv_type=grpo", "algorithm.group_size=2")
     assert make_config(*grpo, "algorithm.group_size=2").model.add_value_head is False
     assert make_config().model.add_value_head is True
+    # group-relative advantages are normalised per group already: a second normalisation is refused
+    with pytest.raises(ConfigError, match=r"algorithm.normalize_advantages=true \(its default\) with "
+                                          "algorithm.adv_type=grpo"):
+        make_config("algorithm.adv_type=grpo", "rollout.num_steps=12", "algorithm.group_size=2")
     with pytest.raises(ConfigError, match="algorithm.demo_loss_coef=0.1 needs demonstrations: set dataset.root"):
         make_config("algorithm.demo_loss_coef=0.1")
     with pytest.raises(ConfigError, match="algorithm.demo_loss_coef=-1.0 must be >= 0"):

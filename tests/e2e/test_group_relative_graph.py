@@ -45,6 +45,7 @@ def test_groups_share_their_seed_and_only_informative_groups_train(make_config, 
     monkeypatch.setattr(actor_worker, "group_relative_advantages", spy_advantages)
     demos = random_demonstrations(str(tmp_path / "demos"), make_config(*LOCAL, *SYNTHETIC).env)
     cfg = make_config(*LOCAL, *SYNTHETIC, "algorithm.adv_type=grpo", "algorithm.group_size=4",
+                      "algorithm.normalize_advantages=false",
                       "algorithm.demo_loss_coef=0.5", "algorithm.demo_batch_size=8", f"dataset.root={demos}",
                       "runner.max_steps=3", "algorithm.update_epochs=1")
     assert cfg.model.add_value_head is False

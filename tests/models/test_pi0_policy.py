@@ -11,7 +11,7 @@ from embodied_async.contracts import Policy
 from models.pi0.chain import ChainSettings
 from models.pi0.modeling_pi0 import load_pi0
 from models.pi0.policy_pi0 import Pi0Policy
-from models.pi0.processing_pi0 import read_normalization
+from models.pi0.processing_pi0 import ACTION_KEY, read_normalization
 
 FOLDER = os.path.join(FIXTURES, "pi0_tiny_lerobot")
 
@@ -27,7 +27,9 @@ def words(text):  # a tokenizer stand-in: BOS, one id per word, "\n"
 
 def make_policy(method, parts=("paligemma", "expert")):
     torch.manual_seed(0)
-    policy = Pi0Policy(load_pi0(FOLDER), read_normalization(FOLDER), words, ChainSettings(method, 4, 5, 7),
+    start = 0.0 if method == "action_gaussian" else 1.0  # action_gaussian's chain starts from zero
+    policy = Pi0Policy(load_pi0(FOLDER), read_normalization(FOLDER), words,
+                       ChainSettings(method, 4, 5, 7, initial_noise_scale=start),
                        camera_keys=["main_images", "wrist_images"], value_head_hidden_sizes=(16,), lora_rank=4,
                        lora_targets=["q_proj", "v_proj", "gate_proj", "fc1"], lora_parts=list(parts),
                        gradient_checkpointing=True)
@@ -46,7 +48,7 @@ def observations(batch=3, seed=0):
             "states": rng.normal(size=(batch, 9)).astype(np.float32), "task_descriptions": ["push the cube"] * batch}
 
 
-@pytest.mark.parametrize("method", ["flow_sde", "flow_noise"])
+@pytest.mark.parametrize("method", ["flow_sde", "flow_noise", "action_gaussian"])
 def test_evaluate_re_scores_what_predict_drew_and_gradients_reach_only_the_trainable(method):
     policy = make_policy(method)
     assert isinstance(policy, Policy)
@@ -65,7 +67,9 @@ def test_evaluate_re_scores_what_predict_drew_and_gradients_reach_only_the_train
     assert any(n.startswith("value_head.") for n in reached)
     if method == "flow_noise":
         assert any(n.startswith("noise_head.") for n in reached)
-    assert all(n.startswith(("value_head.", "noise_head.")) or "lora_" in n for n in trainable)
+    if method == "action_gaussian":
+        assert "action_log_std" in reached
+    assert all(n.startswith(("value_head.", "noise_head.", "action_log_std")) or "lora_" in n for n in trainable)
 
 
 def test_lora_on_the_expert_alone_leaves_paligemma_frozen_and_values_are_observation_only():
@@ -105,6 +109,17 @@ def test_config_refuses_what_cannot_train(tmp_path):
     bad_lora.lora.dropout = 0.1
     with pytest.raises(ConfigError, match="dropout"):
         bad_lora.check()
+    with pytest.raises(ConfigError, match="model.chain_logprob=step_mean with model.noise_method=flow_sde"):
+        Pi0PolicyConfig(chain_logprob="step_mean", **base).check()
+    with pytest.raises(ConfigError, match="model.chain_logprob='sum'"):
+        Pi0PolicyConfig(noise_method="flow_noise", chain_logprob="sum", **base).check()
+    with pytest.raises(ConfigError, match="model.initial_noise_scale=1.0 with model.noise_method=action_gaussian"):
+        Pi0PolicyConfig(noise_method="action_gaussian", initial_noise_scale=1.0, **base).check()
+    with pytest.raises(ConfigError, match="model.action_std=0"):
+        Pi0PolicyConfig(noise_method="action_gaussian", action_std=0, **base).check()
+    gaussian = Pi0PolicyConfig(noise_method="action_gaussian", **base)
+    gaussian.check()
+    assert gaussian.chain_start_scale() == 0.0 and Pi0PolicyConfig(**base).chain_start_scale() == 1.0
 
 
 def test_an_absent_camera_left_out_gives_what_lerobots_masked_blank_image_gives():
@@ -133,7 +148,7 @@ def test_an_absent_camera_left_out_gives_what_lerobots_masked_blank_image_gives(
     torch.testing.assert_close(hidden[pad], kept, atol=1e-5 * float(kept.abs().max()), rtol=0)
 
 
-@pytest.mark.parametrize("method", ["flow_sde", "flow_noise"])
+@pytest.mark.parametrize("method", ["flow_sde", "flow_noise", "action_gaussian"])
 def test_token_level_log_probs_are_the_executed_entries_of_the_decision_log_prob(method):
     """algorithm.logprob_type=token_level: one log-prob per executed action entry (5 actions x 7
     dimensions), predict and evaluate agree, and they sum to the decision's log-prob."""
@@ -164,3 +179,71 @@ def test_a_zero_initial_noise_scale_starts_every_chain_from_zero():
     torch.testing.assert_close(logprobs, drawn.logprobs, atol=1e-5, rtol=0)
     policy.settings = ChainSettings("flow_sde", 4, 5, 7)
     assert float(policy.predict(obs, "train").forward_inputs["chain"][:, 0].abs().max()) > 0.5
+
+
+def _save_checkpoint(state, folder):
+    from embodied_async.checkpoint_io import save_tree, write_manifest
+    from embodied_async.run_folder import MODEL_TREE
+
+    os.makedirs(folder)
+    save_tree({name: tensor.detach().clone() for name, tensor in state.items()}, str(folder), MODEL_TREE)
+    write_manifest(str(folder))
+
+
+def test_rl_only_heads_start_fresh_from_a_supervised_checkpoint(tmp_path, capsys):
+    """RL with flow_noise from a flow_sde supervised checkpoint: the checkpoint has no noise head (and
+    no value head); the policy takes every other weight from it and keeps the heads as built. The
+    other way round, the checkpoint's noise head is dropped."""
+    from types import SimpleNamespace
+
+    from embodied_async.run_folder import load_policy_weights
+    from embodied_async.workers.trainer_core import load_initial_weights
+
+    source = make_policy("flow_sde")
+    with torch.no_grad():  # weights that differ from a freshly built policy's everywhere they are trained
+        for name, param in source.named_parameters():
+            if param.requires_grad:
+                param.add_(0.01 * torch.randn_like(param))
+    supervised = {n: t for n, t in source.state_dict().items() if not n.startswith("value_head.")}
+    _save_checkpoint(supervised, tmp_path / "sft")
+    for load in (lambda p: load_initial_weights(p, str(tmp_path / "sft"), SimpleNamespace(name="pi0")),
+                 lambda p: load_policy_weights(p, str(tmp_path / "sft"), "eval")):
+        target = make_policy("flow_noise")
+        built = {n: t.detach().clone() for n, t in target.state_dict().items() if n.startswith(("noise_head.",
+                                                                                                 "value_head."))}
+        assert any(n.startswith("noise_head.") for n in built)
+        load(target)
+        for name, tensor in target.state_dict().items():
+            expected = built[name] if name in built else supervised[name]
+            assert torch.equal(tensor, expected), name
+        out = capsys.readouterr().out
+        assert "has no noise head (only RL trains it): it starts fresh" in out
+        assert "has no value head (only RL trains it): it starts fresh" in out
+    # a flow_noise RL checkpoint evaluated by a flow_sde policy: its noise head is left out
+    rl_trained = make_policy("flow_noise")
+    _save_checkpoint(rl_trained.state_dict(), tmp_path / "rl")
+    target = make_policy("flow_sde")
+    load_policy_weights(target, str(tmp_path / "rl"), "eval")
+    assert torch.equal(target.value_head[0].weight, rl_trained.value_head[0].weight)
+    assert "the noise head in" in capsys.readouterr().out
+
+
+def test_action_gaussian_is_a_gaussian_around_the_evaluation_rule():
+    """model.noise_method=action_gaussian: the chain is the deterministic ODE from zero, and only the
+    executed action entries are drawn, from N(where the ODE ends, std^2): the evaluation rule is the
+    policy's mean and the log-prob is that Gaussian's density."""
+    from models.pi0.flow_sampling import gaussian_log_prob
+
+    policy = make_policy("action_gaussian")
+    obs = observations()
+    rule = policy.predict(obs, "eval")
+    torch.manual_seed(5)
+    drawn = policy.predict(obs, "train")
+    chain = drawn.forward_inputs["chain"]
+    assert float(chain[:, 0].abs().max()) == 0.0
+    ode = policy.normalization.normalize(rule.actions, ACTION_KEY, "ACTION")
+    executed = chain[:, -1, :5, :7]
+    std = float(policy._action_std()[0].detach())
+    assert float((executed - ode).abs().max()) > 0.1 * std  # drawn, not the rule itself
+    expected = gaussian_log_prob(executed, ode, std).sum(dim=(1, 2))
+    torch.testing.assert_close(drawn.logprobs, expected, atol=2e-4, rtol=0)
