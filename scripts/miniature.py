@@ -81,7 +81,7 @@ FAMILIES: Dict[str, Family] = {
     "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens",
                       ("temperature", "top_k")),
     "pi0": Family("maniskill_miniature_sft_pi0", "maniskill_miniature_ppo_pi0", "flow_ode (no noise)",
-                  ("noise_method", "noise_level", "num_steps"),
+                  ("noise_method", "noise_level", "num_steps", "action_std", "chain_logprob"),
                   # noise_method too: action_gaussian's chains start from zero, and so does its rule
                   ("initial_noise_scale", "noise_method")),
 }
