@@ -224,9 +224,9 @@ class Trajectory:
     is ``V(final_obs)`` where the episode ended at ``t`` and bootstraps (0 elsewhere);
     ``next_values`` is the value of the observation after the last step. ``versions[t]`` is the
     policy version that sampled the action at ``t``; ``executed_actions[t]`` how many actions of
-    its chunk the env executed (fewer where the episode ended part-way; None: all of them). ``obs_moments`` holds, per observation
-    normaliser of the policy, the moments of the raw features seen while collecting (the actor
-    merges them into the run's one normaliser).
+    its chunk the env executed (fewer where the episode ended part-way; None: all of them).
+    ``obs_moments`` holds, per observation normaliser of the policy, the moments of the raw
+    features seen while collecting (the actor merges them into the run's one normaliser).
     """
 
     forward_inputs: Dict[str, Any] = field(metadata=PER_STEP)  # each [T, B, ...]
