@@ -33,7 +33,8 @@ Each finished run is kept (``<out>/runs/<code>_seed<k>.json``): the same command
 
     .venv/bin/python scripts/benchmark_default_recipe.py                    # seeds 1-4, ~20 min on 2 cores
     .venv/bin/python scripts/benchmark_default_recipe.py --seeds 1 2 3 4 5 6 7 8 --record benchmarks
-    .venv/bin/python scripts/benchmark_default_recipe.py --against HEAD~3   # a change against its parent
+    # a change against its parent, recorded beside the day's other records:
+    .venv/bin/python scripts/benchmark_default_recipe.py --against HEAD~3 --record benchmarks --label issue47
 """
 
 from __future__ import annotations
@@ -305,7 +306,9 @@ def main() -> None:
                         help="updates of the deterministic graph compared figure by figure first (0: skip)")
     parser.add_argument("--out", default=None, help="folder of the runs (default logs/default-recipe-<time>)")
     parser.add_argument("--record", default=None, metavar="DIR",
-                        help="write DIR/<date>-default-recipe.json and .md")
+                        help="write DIR/<date>-default-recipe[-LABEL].json and .md")
+    parser.add_argument("--label", default=None,
+                        help="names the record (e.g. the issue), so a second record of the day keeps the first")
     args = parser.parse_args()
 
     with open(REFERENCE_FILE) as f:
@@ -344,15 +347,22 @@ def main() -> None:
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     if args.record:
-        stem = os.path.join(args.record, f"{report['date']}-default-recipe")
+        stem = os.path.join(args.record, f"{report['date']}-default-recipe" + (f"-{args.label}" if args.label else ""))
         with open(stem + ".json", "w") as f:
             json.dump(report, f, indent=1)
         with open(stem + ".md", "w") as f:
             f.write(f"# The default recipe to eval success {TARGET} ({report['date']})\n\nMachine: {report['machine']}."
-                    f"\n\n    .venv/bin/python {os.path.relpath(__file__, REPO_ROOT)} --seeds "
-                    f"{' '.join(map(str, args.seeds))}\n\n" + "\n".join(lines) + "\n")
+                    f"\n\n    .venv/bin/python {os.path.relpath(__file__, REPO_ROOT)} {invocation(args, codes)}\n\n"
+                    + "\n".join(lines) + "\n")
         print(f"[default-recipe] recorded {stem}.json and .md", flush=True)
     print(f"[default-recipe] written to {out_dir}/report.json", flush=True)
+
+
+def invocation(args, codes: Sequence[str]) -> str:
+    """The flags that decide what a record holds: seeds, the commits compared, the deterministic check."""
+    against = " ".join(codes[1:]) or "none"
+    return (f"--seeds {' '.join(map(str, args.seeds))} --against {against} --same-learning {args.same_learning}"
+            + (f" --label {args.label}" if args.label else ""))
 
 
 def machine() -> str:

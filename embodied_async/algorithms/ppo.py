@@ -7,11 +7,12 @@ the world size, so N ranks on N shards give the same update as one rank on the w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -296,17 +297,33 @@ def _accumulate_gradients(policy, optimizer, batch: PPOBatch, mb_index: torch.Te
     return loss_finite, step_metrics, demo_metrics, clip_gradients(policy, s.max_grad_norm)
 
 
+@contextlib.contextmanager
+def holding_weights(policy, weights: Dict[str, torch.Tensor]) -> Iterator[None]:
+    """Inside, the policy's parameters named in ``weights`` hold those values; after, their own."""
+    params = dict(policy.named_parameters())
+    own = {name: params[name].detach().clone() for name in weights}
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in own.items():
+                params[name].copy_(value)
+
+
 def _reference_logprobs(policy, batch: PPOBatch, s: UpdateSettings, device,
-                        warm_start: Optional[Callable[[], ContextManager]]
+                        warm_start: Optional[Dict[str, torch.Tensor]]
                         ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(proximal, anchor) log-probs of the stored actions, once per update: the proximal ones from a
     forward pass (its values then anchor the value clip; None: interpolated by version per
     minibatch), the warm start's with ``s.anchor_kl_coef`` (None without)."""
     anchor = None
     if s.anchor_kl_coef > 0:
-        if warm_start is None:
+        if not warm_start:
             raise ValueError("algorithm.anchor_kl_coef > 0 needs the warm start's weights (ppo_update's warm_start)")
-        with warm_start():
+        with holding_weights(policy, warm_start):
             anchor = recompute_logprobs(policy, batch, s.micro_batch_size, device)[0]
     proximal = None
     if s.recompute_logprobs:
@@ -317,11 +334,12 @@ def _reference_logprobs(policy, batch: PPOBatch, s: UpdateSettings, device,
 
 def ppo_update(policy, optimizer, batch: PPOBatch, s: UpdateSettings, all_reduce_sum: Callable,
                generator: torch.Generator, device="cpu", demo_backward: Optional[DemoBackward] = None,
-               warm_start: Optional[Callable[[], ContextManager]] = None) -> Dict[str, float]:
+               warm_start: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, float]:
     """Epochs of minibatch steps; the optimiser's groups are named "policy" and "value".
     ``demo_backward``: the demonstrations' term, added to every policy step (``s.demo_loss_coef``).
-    ``warm_start()``: a context in which the policy holds the weights the run began with (the
-    anchor of ``s.anchor_kl_coef``). An empty batch (every group-relative sample dropped) takes no step."""
+    ``warm_start``: the trainable weights the run began with, by parameter name (the anchor of
+    ``s.anchor_kl_coef``; held for one pass per update). An empty batch (every group-relative
+    sample dropped) takes no step."""
     if len(batch) == 0:
         return _update_metrics({}, {}, s, 0, 0, 0)
     proximal, anchor = _reference_logprobs(policy, batch, s, device, warm_start)

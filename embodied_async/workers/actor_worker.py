@@ -5,7 +5,6 @@ to the rollout workers."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Dict, List
 
@@ -40,21 +39,6 @@ class ActorWorker(TrainerCore):
         if self.cfg.algorithm.anchor_kl_coef > 0:
             self._warm_start = {name: p.detach().clone() for name, p in self.policy.named_parameters()
                                 if p.requires_grad}
-
-    @contextlib.contextmanager
-    def _warm_start_weights(self):
-        """The policy holds the warm start's trainable weights inside (this rank's shards), its own after."""
-        params = dict(self.policy.named_parameters())
-        current = {name: params[name].detach().clone() for name in self._warm_start}
-        with torch.no_grad():
-            for name, value in self._warm_start.items():
-                params[name].copy_(value)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for name, value in current.items():
-                    params[name].copy_(value)
 
     def prepare_policy(self, policy) -> None:
         """With ``algorithm.demo_loss_coef`` > 0: the demonstrations of ``dataset.root`` as a stream of
@@ -170,7 +154,7 @@ class ActorWorker(TrainerCore):
         demo = self._demo_backward if self._demo_batches is not None else None
         metrics = ppo_update(self.policy, self.optimizer, batch, self._settings(), self._all_reduce_sum,
                              self.generator, self.device, demo_backward=demo,
-                             warm_start=self._warm_start_weights if self._warm_start else None)
+                             warm_start=self._warm_start or None)
         self.optimizer_steps += int(metrics["train/actor/optimizer_steps"])
         versions = traj.versions.float()
         out = {**metrics, **self.store.pop_metrics(), **advantage_metrics,

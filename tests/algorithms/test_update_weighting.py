@@ -138,25 +138,11 @@ def test_the_anchor_pulls_toward_the_warm_start_and_is_logged():
     """algorithm.anchor_kl_coef: with zero advantages the only pull on the policy is the KL toward
     the warm start's weights (swapped in for one pass), so an update moves a drifted policy back
     toward it; the anchor's KL is logged, and nothing moves without the warm start."""
-    import contextlib
-
     policy = TinyPolicy()
     policy.body[1].p = 0.0
     warm = {name: p.detach().clone() for name, p in policy.named_parameters()}
     with torch.no_grad():
         policy.body[2].bias.add_(0.5)  # drifted away from the warm start
-
-    @contextlib.contextmanager
-    def warm_start():
-        params = dict(policy.named_parameters())
-        current = {name: p.detach().clone() for name, p in params.items()}
-        with torch.no_grad():
-            for name, value in warm.items():
-                params[name].copy_(value)
-        yield
-        with torch.no_grad():
-            for name, value in current.items():
-                params[name].copy_(value)
 
     def distance():
         return float((policy.body[2].bias - warm["body.2.bias"]).abs().sum())
@@ -167,7 +153,7 @@ def test_the_anchor_pulls_toward_the_warm_start_and_is_logged():
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.05)
     s = settings(epochs=4, normalize_advantages=False, train_critic=False, anchor_kl_coef=1.0)
     metrics = ppo_update(policy, optimizer, data, s, lambda t: t, torch.Generator().manual_seed(0),
-                         warm_start=warm_start)
+                         warm_start=warm)
     assert metrics["train/actor/anchor_kl"] > 0.01 and distance() < 0.9 * before
     # without the anchor the zero advantages pull nowhere
     moved = distance()

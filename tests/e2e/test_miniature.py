@@ -117,6 +117,32 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
 
 
 
+@pytest.mark.slow
+def test_pi0s_miniature_runs_rl_on_the_gaussian_action_with_the_anchor_from_its_sft_checkpoint(tmp_path):
+    """Issue 47's modes through the one command: SFT trains the flow (flow_sde), RL samples the
+    executed action around the deterministic chain's end (model.noise_method=action_gaussian) with
+    a KL toward the warm start; the action std, an RL-only head, starts fresh, and the SFT
+    checkpoint's sampled evaluation samples as RL does."""
+    out = tmp_path / "pi0"
+    proc = _run("pi0", "--smoke", "--out", str(out), "--rl-recipe", "maniskill_miniature_grpo_pi0",
+                "rl:model.noise_method=action_gaussian", "rl:model.action_std=0.2", "rl:algorithm.anchor_kl_coef=0.1",
+                "rl:algorithm.group_size=2", "rl:env.reward_mode=normalized_dense", "rl:env.reward=progress")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    with open(out / "rl_seed0.log") as f:
+        log = f.read()
+    assert "has no action log std (only RL trains it): it starts fresh" in log
+    with open(out / "rl_seed0" / "metrics.jsonl") as f:
+        trained = [r for r in map(json.loads, f) if "train/actor/current_version" in r]
+    assert trained and all(np.isfinite(r["train/actor/anchor_kl"]) and r["train/actor/anchor_kl"] >= 0
+                           for r in trained)
+    with open(out / "eval_sft_sampled.log") as f:
+        command = f.readline()
+    assert "model.noise_method=action_gaussian" in command and "model.action_std=0.2" in command
+    with open(out / "record.json") as f:
+        record = json.load(f)
+    assert record["recipes"]["rl"] == "maniskill_miniature_grpo_pi0" and record["family"] == "pi0"
+
+
 def _pipeline(tmp_path, monkeypatch, *argv, family="openvla"):
     """A Pipeline whose phases only note that they ran (the record is not written)."""
     import miniature
