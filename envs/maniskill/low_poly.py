@@ -33,18 +33,22 @@ MIN_FACES_TO_REDUCE = 200
 
 def low_poly_urdf(urdf_path: str, fraction: float, root: Optional[Path] = None) -> Path:
     """The URDF of a copy of ``urdf_path`` whose visual meshes keep ``fraction`` of their
-    triangles; built on the first call, then read from the cache (keyed by the URDF's text, the
-    fraction and ``FORMAT_VERSION``). Collision meshes stay the originals."""
+    triangles; built on the first call, then read from the cache (keyed by the URDF's text and
+    folder, the fraction and ``FORMAT_VERSION``). Collision meshes stay the originals."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"a low-poly robot keeps a fraction of its triangles in (0, 1), got {fraction}")
     source = Path(urdf_path)
     if not source.is_file():
         raise FileNotFoundError(f"robot URDF not found: {source}")
     text = source.read_bytes()
-    key = hashlib.sha256(text + f"|{fraction!r}|{FORMAT_VERSION}".encode()).hexdigest()[:16]
+    # the copy names the collision meshes by absolute path: a copy made from the same URDF in
+    # another installation (a moved or rebuilt virtual environment) would name files that are gone
+    where = str(source.resolve().parent)
+    key = hashlib.sha256(text + f"|{where}|{fraction!r}|{FORMAT_VERSION}".encode()).hexdigest()[:16]
     target = (root or cache_folder("low_poly_robots")) / f"{source.stem}-{key}"
     urdf = target / source.name
     if urdf.is_file():
+        _check_collision_meshes(urdf, target)
         return urdf
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: env processes starting together may race here, and a
@@ -60,6 +64,16 @@ def low_poly_urdf(urdf_path: str, fraction: float, root: Optional[Path] = None) 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return urdf
+
+
+def _check_collision_meshes(urdf: Path, target: Path) -> None:
+    """A cached copy whose collision meshes are gone would load a robot that passes through things
+    (SAPIEN only logs each missing file): refused, naming the folder to remove."""
+    missing = [m.get("filename") for c in ET.parse(urdf).getroot().iter("collision") for m in c.iter("mesh")
+               if m.get("filename") and not Path(m.get("filename")).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the low-poly robot copy {target} names {len(missing)} collision meshes that are "
+                                f"gone (first: {missing[0]}); remove that folder and it is built again")
 
 
 def _write_copy(source: Path, out_urdf: Path, out_dir: Path, fraction: float) -> None:

@@ -60,6 +60,28 @@ def test_copy_keeps_the_fraction_of_triangles_and_the_collision_meshes(tmp_path)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
 
 
+def test_a_copy_follows_its_installation_and_a_copy_whose_collision_meshes_are_gone_is_refused(tmp_path):
+    """The copy names the collision meshes by absolute path: the same URDF in another folder (a
+    moved or rebuilt virtual environment) gets a copy of its own, whose collision meshes exist;
+    a cached copy naming files that are gone is refused, not loaded as a robot without collisions."""
+    import shutil
+
+    original = Path(panda_urdf())
+    moved = tmp_path / "elsewhere" / original.parent.name
+    shutil.copytree(original.parent / "franka_description", moved / "franka_description")
+    for name in (original.name, original.with_suffix(".srdf").name):
+        shutil.copyfile(original.parent / name, moved / name)
+    cache = tmp_path / "cache"
+    here = low_poly_urdf(str(original), 0.05, root=cache)
+    there = low_poly_urdf(str(moved / original.name), 0.05, root=cache)
+    assert here.parent != there.parent
+    named = [Path(m.get("filename")) for c in ET.parse(there).getroot().iter("collision") for m in c.iter("mesh")]
+    assert named and all(p.is_file() and moved in p.parents for p in named)
+    shutil.rmtree(moved / "franka_description" / "meshes" / "collision")
+    with pytest.raises(FileNotFoundError, match="collision meshes that are gone.*remove that folder"):
+        low_poly_urdf(str(moved / original.name), 0.05, root=cache)
+
+
 def test_same_physics_and_nearly_the_same_pictures(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_ASYNC_CACHE", str(tmp_path))
     common = dict(task="PushCube-v1", obs_mode="rgb", image_size=[64, 64], control_mode="pd_ee_delta_pos",
