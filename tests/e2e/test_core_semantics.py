@@ -227,3 +227,33 @@ def test_rollout_predict_never_moves_the_statistics():
     assert count == pytest.approx(96 + 1e-4)
     np.testing.assert_allclose(policy.normalizer.mean.numpy(), both.mean(0) * 96 / count, rtol=1e-6)
     np.testing.assert_allclose(policy.normalizer.var.numpy(), both.var(0), rtol=1e-3)
+
+
+def test_a_resumed_run_anchors_on_the_weights_it_began_with_not_on_its_checkpoints(make_config):
+    """algorithm.anchor_kl_coef's reference is the policy as built and loaded at the run's start
+    (model.init_from, else the seeded build): a resumed run takes the same reference again, while
+    its policy holds the checkpoint's weights."""
+    anchored = [*LOCAL, *FAULTY, "algorithm.anchor_kl_coef=0.5"]
+    cfg = make_config(*anchored, "runner.max_steps=2", "runner.save_interval=2")
+    Runner(cfg).run()
+    assert all(r["train/actor/anchor_kl"] >= 0 for r in train_records(cfg))
+    checkpoint = os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_2")
+    saved = load_tree(checkpoint, "model")
+
+    def started_actor(*overrides):
+        runner = Runner(make_config(*anchored, *overrides))
+        runner._start()
+        actor = runner.graph.actor.workers[0]
+        return runner, {n: t.clone() for n, t in actor._warm_start.items()}, \
+            {n: p.detach().clone() for n, p in actor.policy.named_parameters()}
+
+    runner, fresh_anchor, _ = started_actor("runner.max_steps=3")
+    runner._shutdown()
+    runner, resumed_anchor, resumed_weights = started_actor(f"runner.resume_dir={checkpoint}", "runner.max_steps=3")
+    runner._shutdown()
+    assert fresh_anchor.keys() == resumed_anchor.keys() and fresh_anchor
+    moved = [n for n in resumed_anchor if not torch.equal(resumed_anchor[n], saved[n])]
+    assert moved  # two updates moved the policy away from its start
+    for name, value in resumed_anchor.items():
+        torch.testing.assert_close(value, fresh_anchor[name], rtol=0, atol=0)
+        torch.testing.assert_close(resumed_weights[name], saved[name], rtol=0, atol=0)
