@@ -80,7 +80,7 @@ class Family:
 
 
 FAMILIES: Dict[str, Family] = {
-    # OpenVLA's token loss was still falling at 2000 steps (0.27 there, 0.44-0.47 in-run after 4000)
+    # OpenVLA's token loss was still falling at 2000 steps: 0.27 of 100 episodes there, 0.40 at 6000
     "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens",
                       ("temperature", "top_k"), sft_steps=6000),
     "pi0": Family("maniskill_miniature_sft_pi0", "maniskill_miniature_ppo_pi0", "flow_ode (no noise)",
