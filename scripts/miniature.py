@@ -26,7 +26,9 @@ the policy's inference and training cost per decision, where the RL phase's time
 or ``rl:key=value`` to one training phase only. A phase that finished is not run again when the
 command is repeated with the same ``--out`` (``--restart`` starts over): a failure or Ctrl-C loses
 only the phase it stopped. Changed settings re-run the first phase they concern and the phases after
-it (``rl:actor.lr=3e-4`` keeps the demonstrations, SFT and its evaluation). ``--sft-from DIR`` runs
+it (``rl:actor.lr=3e-4`` keeps the demonstrations, SFT and its evaluation); more ``--rl-updates``
+than a finished RL run made, all else the same, continue it from its last checkpoint
+(``runner.resume_dir``). ``--sft-from DIR`` runs
 the RL phases in ``--out`` from another folder's SFT checkpoint, so an ablation (one RL variant per
 folder) stands on one warm start:
 
@@ -146,7 +148,8 @@ def _parse(argv):
     parser.add_argument("--demos", type=int, default=None, help=f"demonstration episodes (default {FULL.demos})")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: "
                         + ", ".join(f"{name} {family.sft_steps}" for name, family in FAMILIES.items()) + ")")
-    parser.add_argument("--rl-updates", type=int, default=None, help="PPO updates (default: the recipe's)")
+    parser.add_argument("--rl-updates", type=int, default=None,
+                        help="PPO updates (default: the recipe's); more than a finished run made continue it")
     parser.add_argument("--rl-recipe", default=None,
                         help="the RL phase's recipe (default: the family's PPO recipe; e.g. "
                              "maniskill_miniature_grpo_openvla for group-relative advantages)")
@@ -209,6 +212,7 @@ class Pipeline:
             shutil.rmtree(self.out)
         os.makedirs(self.out, exist_ok=True)
         self.state = self._load_state()
+        self.continue_from: Dict[int, Dict] = {}  # RL seed -> the earlier run's result it continues
         if args.sft_from:
             self._take_sft_phases(os.path.abspath(args.sft_from))
 
@@ -234,11 +238,18 @@ class Pipeline:
                       "that stand on it again", flush=True)
             reran.add(phase)
             self.state["phases"].pop(phase, None)
-            print(f"[miniature] {phase}: starting", flush=True)
-            phase_start = time.time()
             base, _, seed = phase.partition("_seed")
+            if base == "rl" and not stale and (earlier_run := continuation(earlier, settings)):
+                self.continue_from[int(seed)] = earlier_run
+                print(f"[miniature] {phase}: continuing the earlier run's {earlier_run['settings']['updates']} "
+                      f"updates from {earlier_run['checkpoint']} to {settings['updates']}", flush=True)
+            else:
+                print(f"[miniature] {phase}: starting", flush=True)
+            phase_start = time.time()
             result = getattr(self, f"_{base}")(int(seed)) if seed else getattr(self, f"_{phase}")()
-            result["seconds"] = round(time.time() - phase_start, 1)
+            # a continued run's time is the whole run's
+            earlier_seconds = result.get("continued_from", {}).get("seconds", 0.0)
+            result["seconds"] = round(time.time() - phase_start + earlier_seconds, 1)
             result["settings"] = settings
             self.state["phases"][phase] = result
             self._save_state()
@@ -295,7 +306,7 @@ class Pipeline:
             key = item.split("=", 1)[0]
             if key in {f"model.{k}" for k in keys}:
                 values[key] = item
-        return list(values.values())
+        return sorted(values.values())  # a key moving from an override into the recipe changes nothing
 
     def _rl(self, seed: int) -> Dict:
         log = os.path.join(self.out, f"rl_seed{seed}")
@@ -305,8 +316,15 @@ class Pipeline:
                      *self.common, *self.rl_only]
         if self.sizes.rl_updates:
             overrides.insert(1, f"runner.max_steps={self.sizes.rl_updates}")
-        self._train(f"rl_seed{seed}", self.family.rl_recipe, log, overrides)
-        return {"log": log, "checkpoint": last_checkpoint(log), "rl_seed": seed}
+        earlier = self.continue_from.get(seed)
+        if earlier:  # its metrics.jsonl and checkpoints stay: this run appends to them
+            overrides.append(f"runner.resume_dir={earlier['checkpoint']}")
+        self._train(f"rl_seed{seed}", self.family.rl_recipe, log, overrides, keep_log=bool(earlier))
+        result = {"log": log, "checkpoint": last_checkpoint(log), "rl_seed": seed}
+        if earlier:
+            result["continued_from"] = {"checkpoint": earlier["checkpoint"], "updates": earlier["settings"]["updates"],
+                                        "seconds": earlier["seconds"]}
+        return result
 
     def _eval_rl(self, seed: int) -> Dict:
         return self._evaluate(f"eval_rl_seed{seed}", self.state["phases"][f"rl_seed{seed}"]["checkpoint"])
@@ -316,10 +334,11 @@ class Pipeline:
     def _smoke_overrides(self, phase: Sequence[str]) -> List[str]:
         return [*SMOKE_RUN, *phase] if self.args.smoke else []
 
-    def _train(self, phase: str, recipe: str, log: str, overrides: Sequence[str]) -> None:
+    def _train(self, phase: str, recipe: str, log: str, overrides: Sequence[str], keep_log: bool = False) -> None:
         from embodied_async.launch import training_command
 
-        shutil.rmtree(log, ignore_errors=True)  # metrics.jsonl appends: a half-run's records would mix in
+        if not keep_log:
+            shutil.rmtree(log, ignore_errors=True)  # metrics.jsonl appends: a half-run's records would mix in
         self._call(phase, training_command(recipe, log, overrides))
 
     def _evaluate(self, phase: str, checkpoint: str, sampling: Sequence[str] = (), rule: Sequence[str] = ()) -> Dict:
@@ -442,6 +461,19 @@ def depends_on(phase: str) -> List[str]:
     base, _, seed = phase.partition("_seed")
     return {"collect": [], "sft": ["collect"], "eval_sft": ["sft"], "rl": ["sft"],
             "eval_rl": [f"rl_seed{seed}"]}[base]
+
+
+def continuation(earlier: Optional[Dict], settings: Dict) -> Optional[Dict]:
+    """The earlier finished RL run a run asking for more updates continues from its last checkpoint
+    (``runner.resume_dir``), where everything else it ran with is the same; None: start afresh."""
+    if not earlier or not earlier.get("checkpoint") or not os.path.isdir(earlier["checkpoint"]):
+        return None
+    theirs, ours = dict(earlier.get("settings") or {}), dict(settings)
+    done, wanted = theirs.pop("updates", None), ours.pop("updates", None)
+    # updates 0 is the recipe's own count, unknown here: such a run is not continued
+    if not (isinstance(done, int) and isinstance(wanted, int) and 0 < done < wanted) or theirs != ours:
+        return None
+    return earlier
 
 
 def split_overrides(overrides: Sequence[str]):

@@ -231,3 +231,58 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2 and "unknown family 'octo'" in proc.stderr and "openvla" in proc.stderr
     proc = _run("openvla", "--out", str(tmp_path / "y"), "env.num_envs", timeout=120)
     assert proc.returncode == 2 and "sft:key=value" in proc.stderr
+
+
+def test_more_rl_updates_continue_the_earlier_run_from_its_last_checkpoint(tmp_path, monkeypatch):
+    """--rl-updates above an earlier RL run's, all else the same: the run resumes from that run's
+    last checkpoint (runner.resume_dir) in its own folder, kept, and its time adds to the earlier
+    one's; its evaluation runs again. Any other change starts the run afresh, and so does a run
+    whose checkpoint is gone."""
+    import miniature
+
+    trained = []
+
+    def call(self, phase, command):  # the training command _train builds, run as a stub
+        value = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in command if "=" in item}
+        steps, log = int(value["runner.max_steps"]), value["runner.logger.log_path"]
+        os.makedirs(os.path.join(log, "checkpoints", f"global_step_{steps}"))
+        trained.append((phase, steps, [item for item in command if item.startswith("runner.resume_dir=")]))
+
+    def latest(log):
+        root = os.path.join(log, "checkpoints")
+        return os.path.join(root, max(os.listdir(root), key=lambda name: int(name.rsplit("_", 1)[1])))
+
+    monkeypatch.setattr(miniature.Pipeline, "_call", call)
+    monkeypatch.setattr(miniature, "last_checkpoint", latest)
+    monkeypatch.setattr(miniature.Pipeline, "_collect", lambda self: {"dataset": "demos"})
+    monkeypatch.setattr(miniature.Pipeline, "_sft", lambda self: {"checkpoint": "sft_checkpoint"})
+    monkeypatch.setattr(miniature.Pipeline, "_eval_sft", lambda self: {})
+    evaluated = []
+    monkeypatch.setattr(miniature.Pipeline, "_eval_rl", lambda self, seed: evaluated.append(seed) or {})
+    for name in ("build_record", "summary_record", "write_record", "summary_line"):
+        monkeypatch.setattr(miniature, name, lambda *args: {} if name != "summary_line" else "")
+
+    def pipeline(*argv):
+        trained.clear(), evaluated.clear()
+        miniature.Pipeline(miniature._parse(["pi0", "--out", str(tmp_path / "out"), *argv])).run()
+        with open(tmp_path / "out" / "pipeline.json") as f:
+            return list(trained), list(evaluated), json.load(f)["phases"]
+
+    log = str(tmp_path / "out" / "rl_seed0")
+    first_checkpoint = os.path.join(log, "checkpoints", "global_step_4")
+    assert pipeline("--rl-updates", "4")[:2] == ([("rl_seed0", 4, [])], [0])
+    ran, evaluated_seeds, phases = pipeline("--rl-updates", "10")
+    assert ran == [("rl_seed0", 10, [f"runner.resume_dir={first_checkpoint}"])] and evaluated_seeds == [0]
+    assert os.path.isdir(first_checkpoint)  # its folder was kept
+    rl = phases["rl_seed0"]
+    assert rl["continued_from"]["checkpoint"] == first_checkpoint and rl["continued_from"]["updates"] == 4
+    assert rl["seconds"] >= rl["continued_from"]["seconds"] and rl["checkpoint"].endswith("global_step_10")
+    assert pipeline("--rl-updates", "10")[:2] == ([], [])
+    # fewer updates, or another RL setting: afresh
+    assert pipeline("--rl-updates", "6")[0] == [("rl_seed0", 6, [])]
+    assert os.listdir(os.path.join(log, "checkpoints")) == ["global_step_6"]  # the earlier run's folder went
+    assert pipeline("--rl-updates", "8", "rl:actor.lr=1e-5")[0] == [("rl_seed0", 8, [])]
+    # the earlier run's checkpoint is gone: afresh
+    import shutil
+    shutil.rmtree(os.path.join(log, "checkpoints"))
+    assert pipeline("--rl-updates", "12", "rl:actor.lr=1e-5")[0] == [("rl_seed0", 12, [])]
