@@ -366,9 +366,8 @@ class Pipeline:
         """Run ``command``, its output shown and kept in ``<out>/<phase>.log``."""
         log_file = os.path.join(self.out, f"{phase}.log")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(log_file, "w") as log:
+        with open(log_file, "w", buffering=1) as log:  # line by line: the log can be followed as the phase runs
             log.write(" ".join(command) + "\n")
-            log.flush()
             proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, bufsize=1)
             try:
