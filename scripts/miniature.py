@@ -212,7 +212,7 @@ class Pipeline:
             shutil.rmtree(self.out)
         os.makedirs(self.out, exist_ok=True)
         self.state = self._load_state()
-        self.continue_from: Dict[int, Dict] = {}  # RL seed -> the earlier run's result it continues
+        self.continue_from: Dict[int, Dict] = {}  # RL seed -> the earlier run it continues (continuation())
         if args.sft_from:
             self._take_sft_phases(os.path.abspath(args.sft_from))
 
@@ -241,8 +241,8 @@ class Pipeline:
             base, _, seed = phase.partition("_seed")
             if base == "rl" and not stale and (earlier_run := continuation(earlier, settings)):
                 self.continue_from[int(seed)] = earlier_run
-                print(f"[miniature] {phase}: continuing the earlier run's {earlier_run['settings']['updates']} "
-                      f"updates from {earlier_run['checkpoint']} to {settings['updates']}", flush=True)
+                print(f"[miniature] {phase}: continuing the earlier run's {earlier_run['updates']} updates from "
+                      f"{earlier_run['checkpoint']} to {settings['updates']}", flush=True)
             else:
                 print(f"[miniature] {phase}: starting", flush=True)
             phase_start = time.time()
@@ -322,8 +322,7 @@ class Pipeline:
         self._train(f"rl_seed{seed}", self.family.rl_recipe, log, overrides, keep_log=bool(earlier))
         result = {"log": log, "checkpoint": last_checkpoint(log), "rl_seed": seed}
         if earlier:
-            result["continued_from"] = {"checkpoint": earlier["checkpoint"], "updates": earlier["settings"]["updates"],
-                                        "seconds": earlier["seconds"]}
+            result["continued_from"] = earlier
         return result
 
     def _eval_rl(self, seed: int) -> Dict:
@@ -463,16 +462,19 @@ def depends_on(phase: str) -> List[str]:
 
 
 def continuation(earlier: Optional[Dict], settings: Dict) -> Optional[Dict]:
-    """The earlier finished RL run a run asking for more updates continues from its last checkpoint
-    (``runner.resume_dir``), where everything else it ran with is the same; None: start afresh."""
+    """The earlier finished RL run (its checkpoint, updates and seconds) that a run asking for more
+    updates, with all else the same, continues from its last checkpoint (``runner.resume_dir``);
+    None: start afresh."""
     if not earlier or not earlier.get("checkpoint") or not os.path.isdir(earlier["checkpoint"]):
         return None
     theirs, ours = dict(earlier.get("settings") or {}), dict(settings)
-    done, wanted = theirs.pop("updates", None), ours.pop("updates", None)
-    # updates 0 is the recipe's own count, unknown here: such a run is not continued
-    if not (isinstance(done, int) and isinstance(wanted, int) and 0 < done < wanted) or theirs != ours:
+    theirs.pop("updates", None)
+    wanted = ours.pop("updates", None)
+    # the updates it made, from its checkpoint's name: a run of the recipe's own count (updates 0) too
+    made = re.search(r"global_step_(\d+)$", earlier["checkpoint"].rstrip(os.sep))
+    if made is None or not isinstance(wanted, int) or wanted <= int(made.group(1)) or theirs != ours:
         return None
-    return earlier
+    return {"checkpoint": earlier["checkpoint"], "updates": int(made.group(1)), "seconds": earlier["seconds"]}
 
 
 def split_overrides(overrides: Sequence[str]):

@@ -244,7 +244,7 @@ def test_more_rl_updates_continue_the_earlier_run_from_its_last_checkpoint(tmp_p
 
     def call(self, phase, command):  # the training command _train builds, run as a stub
         value = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in command if "=" in item}
-        steps, log = int(value["runner.max_steps"]), value["runner.logger.log_path"]
+        steps, log = int(value.get("runner.max_steps", 7)), value["runner.logger.log_path"]  # 7: "the recipe's"
         os.makedirs(os.path.join(log, "checkpoints", f"global_step_{steps}"))
         trained.append((phase, steps, [item for item in command if item.startswith("runner.resume_dir=")]))
 
@@ -286,3 +286,8 @@ def test_more_rl_updates_continue_the_earlier_run_from_its_last_checkpoint(tmp_p
     import shutil
     shutil.rmtree(os.path.join(log, "checkpoints"))
     assert pipeline("--rl-updates", "12", "rl:actor.lr=1e-5")[0] == [("rl_seed0", 12, [])]
+    # a run of the recipe's own count (no --rl-updates) is continued from the updates it made
+    assert pipeline()[0] == [("rl_seed0", 7, [])]
+    recipes_run = os.path.join(log, "checkpoints", "global_step_7")
+    assert pipeline("--rl-updates", "9")[0] == [("rl_seed0", 9, [f"runner.resume_dir={recipes_run}"])]
+    assert pipeline("--rl-updates", "9")[0] == []
