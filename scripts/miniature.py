@@ -471,7 +471,9 @@ def continuation(earlier: Optional[Dict], settings: Dict) -> Optional[Dict]:
     theirs.pop("updates", None)
     wanted = ours.pop("updates", None)
     # the updates it made, from its checkpoint's name: a run of the recipe's own count (updates 0) too
-    made = re.search(r"global_step_(\d+)$", earlier["checkpoint"].rstrip(os.sep))
+    from embodied_async.run_folder import STEP_FOLDER
+
+    made = STEP_FOLDER.fullmatch(os.path.basename(earlier["checkpoint"].rstrip(os.sep)))
     if made is None or not isinstance(wanted, int) or wanted <= int(made.group(1)) or theirs != ours:
         return None
     return {"checkpoint": earlier["checkpoint"], "updates": int(made.group(1)), "seconds": earlier["seconds"]}
