@@ -304,6 +304,9 @@ class WeightMessage:
     # ``channel.share(state_dict)``: one stored copy for all rollout ranks
     weights: Any
     acknowledged: Dict[int, int] = field(default_factory=dict)
+    # the staleness bound the actor set for the trajectories started from now on
+    # (algorithm.staleness_control=kl moves it); None: the configured one
+    staleness_threshold: Optional[int] = None
 
     @property
     def state_dict(self) -> Dict[str, Any]:

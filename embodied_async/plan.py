@@ -107,7 +107,14 @@ def _batch_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
     if cfg.actor.policy_lr_warmup_steps:
         lines.append(f"  policy learning rate: rises linearly to {cfg.actor.lr:g} over the first "
                      f"{cfg.actor.policy_lr_warmup_steps} policy steps")
-    lines.append(f"  staleness: the rollout runs at most {cfg.algorithm.staleness_threshold} version(s) ahead")
+    alg = cfg.algorithm
+    if alg.staleness_control == "kl":
+        start = min(max(alg.staleness_threshold, alg.staleness_min), alg.staleness_max)
+        lines.append(f"  staleness: follows the behaviour KL, starting at {start} version(s) ahead, within "
+                     f"[{alg.staleness_min}, {alg.staleness_max}]: raised after {alg.staleness_kl_patience} updates "
+                     f"in a row under {alg.staleness_kl_low:g}, lowered after as many over {alg.staleness_kl_high:g}")
+    else:
+        lines.append(f"  staleness: the rollout runs at most {alg.staleness_threshold} version(s) ahead")
     return lines
 
 

@@ -5,6 +5,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from conftest import REPO_ROOT
 
 
@@ -176,3 +177,48 @@ def test_the_default_recipe_guard_compares_learning_figures_and_not_clocks():
     assert guard.first_difference(ours, theirs) == {"update": 2, "figures": ["eval/success_rate"],
                                                     "values": {"eval/success_rate": [0.25, 0.5]}}
     assert guard.first_difference(ours, ours[:2])["update"] == 3  # a run that stopped early
+
+
+def _tradeoff_records(rate_s_per_update, successes, kl, lag1):
+    """A run's metrics.jsonl records: 640 env steps an update, an evaluation every 2 updates."""
+    records = []
+    for step in range(1, 2 * len(successes) + 1):
+        records.append({"step": step, "train/actor/current_version": step - 1.0, "env/env_steps": 640.0,
+                        "env_steps": 640.0 * step, "wall_time_s": rate_s_per_update * step,
+                        "train_time_s": rate_s_per_update * step, "train/actor/behav_approx_kl": kl,
+                        "train/actor/behav_clip_fraction": 0.0, "train/actor/staleness": lag1 / 2,
+                        "train/staleness_threshold": 1.0, "train/rollout_store/trajectories_lag_0": 2.0 - lag1,
+                        "train/rollout_store/trajectories_lag_1": float(lag1), "time/actor_training": 1.0})
+        if step % 2 == 0:
+            records.append({"step": step, "eval/success_rate": successes[step // 2 - 1], "eval/version": step})
+    return records
+
+
+def test_the_async_tradeoff_benchmark_reads_throughput_lag_and_learning_per_setting():
+    bench = load_script("scripts", "benchmark_async_tradeoff.py")
+    assert bench.setting_overrides("sync", 0.0) == ["algorithm.staleness_threshold=0"]
+    assert bench.setting_overrides("2", 0.0) == ["algorithm.staleness_threshold=2"]
+    assert "algorithm.staleness_control=kl" in bench.setting_overrides("kl", 0.0)
+    assert bench.setting_overrides("1:slow", 0.08)[-2:] == ["env.slow_workers=[0]", "env.slow_worker_delay_s=0.0800"]
+    for bad in ("async", "1:fast"):
+        with pytest.raises(SystemExit, match=bad):
+            bench.setting_overrides(bad, 0.0)
+    # two processes at 400 sub-env steps/s together: a stage of 8 sub-envs steps in 0.04 s; 3x slower: +0.08 s
+    assert abs(bench.slow_delay({"env_steps_per_s": 400.0, "processes": 2}, 8, 3.0) - 0.08) < 1e-12
+
+    workers = {"env": 1, "rollout": 1, "actor": 1}
+    runs = {"sync": {}, "1": {}}
+    for seed in (0, 1):  # async: twice the rate, a lagged trajectory in every update, the same learning per update
+        runs["sync"][seed] = bench.run_figures(_tradeoff_records(4.0, [0.2, 0.5, 0.6], 0.0, 0), 1, 2, workers, 1)
+        runs["1"][seed] = bench.run_figures(_tradeoff_records(2.0, [0.2, 0.5, 0.6], 0.02, 1), 1, 2, workers, 1)
+    run = runs["1"][0]
+    assert run["env_steps_per_s"] == 320.0 and run["lag_histogram"] == {0: 6, 1: 6}
+    assert run["behaviour_kl"] == 0.02 and run["mean_lag"] == 0.5
+    assert run["evaluations"][1] == {"update": 4, "success": 0.5, "train_s": 8.0, "env_steps": 2560.0}
+    summary = bench.summarize_settings(runs, limit=400.0)
+    assert summary["train_s_budget"] == 12.0 and summary["env_steps_budget"] == 3840.0
+    assert summary["1"]["throughput_over_sync"]["ratio"] == 2.0 and summary["1"]["over_limit"] == 0.8
+    assert summary["1"]["success_at_train_s_budget"] == [0.6, 0.6]  # sync got to 0.2 in 12 s
+    assert summary["sync"]["success_at_train_s_budget"] == [0.2, 0.2]
+    assert summary["1"]["success_at_env_steps_budget"] == summary["sync"]["success_at_env_steps_budget"] == [0.6, 0.6]
+    assert summary["1"]["time_to_sync_final_over_sync"]["ratio"] == 0.5  # 12 s against 24 s

@@ -11,7 +11,7 @@ import torch
 from conftest import REPO_ROOT
 
 from embodied_async.config import resolve_topology
-from embodied_async.plan import memory_per_device, planned_num_gpus
+from embodied_async.plan import describe, memory_per_device, planned_num_gpus
 from embodied_async.registry import build_policy
 from models.openvla.memory import parameter_counts
 
@@ -87,3 +87,13 @@ def test_memory_per_device_adds_each_component_placed_there(make_config, tmp_pat
     assert per_device[1]["actor Adam moments (shard)"] == trainable * 8  # one rank holds all of it
     assert per_device[0]["rollout weights"] == parameter_counts(cfg.model)["total"] * 2  # bf16
     assert torch.bfloat16.itemsize == 2
+
+
+def test_the_plan_says_how_the_staleness_bound_is_set(make_config):
+    fixed = make_config("algorithm.staleness_threshold=2")
+    assert "  staleness: the rollout runs at most 2 version(s) ahead" in describe(fixed, resolve_topology(fixed))
+    controlled = make_config("algorithm.staleness_control=kl", "algorithm.staleness_threshold=5",
+                             "algorithm.staleness_max=3", "algorithm.staleness_kl_patience=4")
+    assert ("staleness: follows the behaviour KL, starting at 3 version(s) ahead, within [0, 3]: raised after "
+            "4 updates in a row under 0.01, lowered after as many over 0.03") in describe(controlled,
+                                                                                         resolve_topology(controlled))

@@ -27,6 +27,7 @@ from embodied_async.algorithms.version_gate import VersionGate
 class StoredTrajectory:
     item: Any  # this rank's shard of the trajectory
     version: int  # the oldest step's policy version
+    bound: int  # the most versions it may lag: the staleness bound it was started under
 
 
 @dataclass
@@ -50,12 +51,17 @@ class RolloutStore:
         self.acknowledged: Dict[Hashable, int] = {s: 0 for s in self.streams}
         self.metrics = StoreMetrics()
 
-    def add(self, stream: Hashable, item: Any, version: int) -> None:
-        self.queues[stream].append(StoredTrajectory(item, int(version)))
+    def add(self, stream: Hashable, item: Any, version: int, bound: Optional[int] = None) -> None:
+        """``bound``: the staleness bound the rollout started the trajectory under (the gate's by
+        default). A bound that moves (``StalenessController``) judges each trajectory by its own:
+        the throttle admitted it under that bound, so judging it by a lower one set since would
+        drop data the rollout cannot replace until the next acknowledgement (a deadlock)."""
+        bound = self.gate.staleness_threshold if bound is None else int(bound)
+        self.queues[stream].append(StoredTrajectory(item, int(version), bound))
 
     def _drop_stale(self, version: int) -> None:
         for stream, queue in self.queues.items():
-            kept = deque(t for t in queue if self.gate.accepts(version, t.version))
+            kept = deque(t for t in queue if self.gate.accepts(version, t.version, t.bound))
             dropped = len(queue) - len(kept)
             if dropped:
                 self.queues[stream] = kept
@@ -111,12 +117,12 @@ class RolloutStore:
         return sum(len(q) for q in self.queues.values())
 
     def pop_metrics(self) -> Dict[str, float]:
-        """Per update: trajectories per lag (0..threshold, always present), the max lag trained
-        on, drops and waits for fresh data since the last pop."""
+        """Per update: trajectories per lag (0 to the run's highest bound, always present), the max
+        lag trained on, drops and waits for fresh data since the last pop."""
         m, self.metrics = self.metrics, StoreMetrics()
         prefix = "train/rollout_store/"
         out = {f"{prefix}trajectories_lag_{lag}": float(m.lag_counts.get(lag, 0))
-               for lag in range(self.gate.staleness_threshold + 1)}
+               for lag in range(self.gate.highest + 1)}
         out[f"{prefix}max_lag"] = float(max(m.lag_counts, default=0))
         out[f"{prefix}dropped_trajectories"] = float(m.dropped)
         out[f"{prefix}waited_for_fresh"] = float(m.waited_for_fresh)

@@ -28,15 +28,13 @@ class ClusterConfig:
     # "gpu": ids must be GPUs (fails at start-up where there are none). "cpu": always CPU slots.
     device_type: str = "auto"
     num_nodes: int = 1
-    # component name(s) -> device ids, e.g. {"env,rollout,actor": "0-3"} or
-    # {"actor": "0-3", "env": "0-1", "rollout": "2-3"}; ids as "0-3", "0,2,4-7" or "all".
-    # (no default: every recipe states its placement)
+    # component name(s) -> device ids, e.g. {"env,rollout,actor": "0-3"} or {"actor": "0-3", "env": "0-1",
+    # "rollout": "2-3"}; ids as "0-3", "0,2,4-7" or "all" (no default: every recipe states its placement)
     component_placement: Dict[str, str] = field(default_factory=dict)
     # torch intra-op threads per worker process on CPU (many processes share few cores).
     cpu_threads_per_worker: int = 1
-    # how workers exchange messages under Ray: "auto": point to point over a Unix socket where
-    # sender and receiver share a node, through a channel actor otherwise; "ray": always through
-    # channel actors (slower; kept for comparison: scripts/benchmark_throughput.py)
+    # under Ray: "auto": point to point over a Unix socket where sender and receiver share a node, through a
+    # channel actor otherwise; "ray": always channel actors (slower; scripts/benchmark_throughput.py compares)
     channel_transport: str = "auto"
 
 
@@ -59,9 +57,7 @@ class EnvConfig:
     num_envs: int = 16
     # actions per decision: the env executes a chunk in order inside one step
     num_action_chunks: int = 1
-    # >1 splits each env worker's sub-envs into stages so inference on one overlaps stepping of
-    # the next.
-    pipeline_stage_num: int = 1
+    pipeline_stage_num: int = 1  # >1: each env worker's sub-envs in stages, inference on one overlapping the next
     # Whether the episode ends when the task reports success (false: it runs on to its time limit;
     # only a family whose tasks can go on past a success allows it: can_run_past_success).
     end_on_success: bool = True
@@ -89,6 +85,9 @@ class EnvConfig:
     # batch and the evaluation hold every task alike; the evaluation reports each task's success
     # (eval/success_rate/<task>) beside the overall rate. Empty: the one task of the task key.
     tasks: List[str] = field(default_factory=list)
+    # drills and benchmarks: every step of these env workers (ranks) takes slow_worker_delay_s longer
+    slow_workers: List[int] = field(default_factory=list)
+    slow_worker_delay_s: float = 0.0
 
     builder: ClassVar[str] = ""  # "module:callable"
     # the family's key naming its task (e.g. "task"); None: the family cannot run env.tasks
@@ -262,6 +261,14 @@ class AlgorithmConfig:
     # the actor drops trajectories more than this many versions older than itself; the rollout
     # never runs further ahead. 0 = synchronous PPO.
     staleness_threshold: int = 1
+    # "fixed": staleness_threshold throughout; "kl": it starts there and follows the behaviour KL in
+    # [staleness_min, staleness_max] (version_gate.StalenessController), logged as train/staleness_threshold
+    staleness_control: str = "fixed"
+    staleness_min: int = 0
+    staleness_max: int = 4
+    staleness_kl_low: float = 0.01  # the bound rises after staleness_kl_patience updates in a row under it
+    staleness_kl_high: float = 0.03  # and falls after as many over it
+    staleness_kl_patience: int = 2
     # the rollout store: an update starts once each actor rank holds this many version-valid
     # trajectories from every stream (one pipeline stage of one env worker); all ranks train on
     # the same ones. One update trains on this many x env.num_envs x rollout.num_steps decisions.
@@ -289,13 +296,10 @@ class AlgorithmConfig:
     update_epochs: int = 8
     target_kl: Optional[float] = 0.1  # stop the epoch loop once the trust-region KL exceeds it
     reward_scale: float = 1.0
-    # how advantages are estimated: "gae" (a critic's values, GAE over gamma / gae_lambda) or
-    # "grpo" (value-free, group-relative: every trajectory starts group_size sub-envs of each group
-    # from one seed, each episode's advantage is its return minus its group's mean (divided by the
-    # group's std with group_normalize_std), and groups whose returns are all equal (all succeed or
-    # all fail under a success reward) are dropped from the loss). grpo needs each episode to end
-    # within a trajectory (rollout.num_steps x env.num_action_chunks >= the episode's time limit)
-    # and builds no critic
+    # "gae" (a critic's values, GAE over gamma / gae_lambda) or "grpo" (value-free: each trajectory
+    # starts every group of group_size sub-envs from one seed; an episode's advantage is its return
+    # minus its group's mean (over the group's std with group_normalize_std); groups of equal returns
+    # leave the loss). grpo needs every episode to end within a trajectory and builds no critic
     adv_type: str = "gae"
     group_size: int = 1  # grpo: sub-envs per initial state (>= 2); each policy batch holds whole groups
     group_normalize_std: bool = True
@@ -311,10 +315,9 @@ class RolloutConfig:
     num_steps: int = 50  # decisions per trajectory (T)
     # True: log pi_proximal from a forward pass before the update; False: interpolate by version
     recompute_logprobs: bool = True
-    # with recompute_logprobs: False recomputes only the samples of older versions; a sample the
-    # actor's current version drew keeps its behaviour log-prob as the proximal one (the same
-    # weights: exact where rollout and actor compute alike, e.g. both float32 on a CPU; a rollout in
-    # another precision than the actor's makes the two differ, so it stays True by default)
+    # with recompute_logprobs: False recomputes only older versions' samples; the current version's keep
+    # their behaviour log-prob as the proximal one (exact where rollout and actor compute alike, e.g.
+    # both float32 on a CPU; another precision on the rollout makes them differ: True by default)
     recompute_fresh_logprobs: bool = True
 
 
@@ -326,13 +329,11 @@ class ActorConfig:
     micro_batch_size: int = 100
     lr: float = 3e-4
     value_lr: Optional[float] = None  # None: same as lr
-    # the first N optimiser steps train only the value head (every other trainable parameter
-    # keeps its value bit for bit), so a fresh value head does not push noisy advantages into the
-    # policy
+    # the first N optimiser steps train only the value head (every other parameter kept bit for bit):
+    # a fresh value head's noisy advantages never reach the policy
     critic_warmup_steps: int = 0
-    # then the policy's learning rate rises linearly from ~0 to actor.lr over this many optimiser
-    # steps: Adam's first steps move every weight by ~lr whatever its gradient, which knocks a
-    # supervised (model.init_from) policy off what it learned
+    # then the policy's learning rate rises linearly from ~0 to actor.lr over this many steps: Adam's
+    # first steps move every weight by ~lr whatever its gradient, knocking an SFT policy off its skill
     policy_lr_warmup_steps: int = 0
     # "cosine": the policy's learning rate falls along a cosine, update by update, from actor.lr at
     # the first update to policy_min_lr_ratio x actor.lr at runner.max_steps, so the steps that
@@ -344,11 +345,9 @@ class ActorConfig:
     adam_eps: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 0.5
-    # parameters whose names start with one of these take no PPO step (their gradients are dropped
-    # before every optimiser step), e.g. Pi0's vision-language model while its action expert trains
-    # (RLinf's train_expert_only): ["model.paligemma_with_expert.paligemma."]. They stay in the
-    # published weights and the checkpoints. Adam moves every weight by ~lr whatever its gradient,
-    # and a perception stack whose gradients are mostly noise drifts away from what SFT taught it
+    # parameters whose names start with one of these take no PPO step (gradients dropped), e.g. Pi0's
+    # VLM while its action expert trains (RLinf's train_expert_only): ["model.paligemma_with_expert.paligemma."];
+    # still published and checkpointed. Adam would drift a perception stack fed mostly noise
     frozen_parameter_prefixes: List[str] = field(default_factory=list)
 
 

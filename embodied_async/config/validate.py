@@ -161,6 +161,7 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
     if not evaluation:
         _check_demonstrations(cfg, topology.actor_world_size)
     _check_tasks(cfg, None if evaluation else topology)
+    _check_slow_workers(cfg.env, topology.num_env_workers)
     _check_python_env(cfg)
     if not evaluation:  # a process that only evaluates logs to no tracker
         _check_logger(cfg)
@@ -263,6 +264,17 @@ def _check_tasks(cfg: TrainConfig, topology: Optional[Topology]) -> None:
             "so the evaluation scores every task alike")
 
 
+def _check_slow_workers(env, num_env_workers: int) -> None:
+    bound(env.slow_worker_delay_s, "env.slow_worker_delay_s", lambda v: v >= 0, "must be >= 0",
+          "it is the seconds each step of the env workers in env.slow_workers takes longer")
+    bad = [rank for rank in env.slow_workers if not 0 <= rank < num_env_workers]
+    require(not bad, f"env.slow_workers={list(env.slow_workers)}: no env worker {bad[0] if bad else ''} "
+            f"(this placement has {num_env_workers}: ranks 0-{num_env_workers - 1})")
+    require(bool(env.slow_workers) == (env.slow_worker_delay_s > 0),
+            f"env.slow_workers={list(env.slow_workers)} with env.slow_worker_delay_s={env.slow_worker_delay_s}: "
+            "set both (the ranks to slow down and the seconds per step) or neither")
+
+
 def _check_logger(cfg: TrainConfig) -> None:
     """``runner.logger``: not the former switch, known trackers, each installed (found without
     importing it: the config layer stays light), a project name both wandb and swanlab accept."""
@@ -316,10 +328,34 @@ def _check_counts(cfg: TrainConfig) -> None:
             f"env.privileged_states=true, but the '{cfg.env.name}' env family cannot give them: set it to false")
 
 
+def _check_staleness_control(alg) -> None:
+    choice(alg.staleness_control, "algorithm.staleness_control", ("fixed", "kl"))
+    if alg.staleness_control != "kl":
+        for key in ("staleness_min", "staleness_max", "staleness_kl_low", "staleness_kl_high", "staleness_kl_patience"):
+            require(getattr(alg, key) == schema_default(f"algorithm.{key}"),
+                    f"algorithm.{key}={getattr(alg, key)} does nothing under algorithm.staleness_control="
+                    f"{alg.staleness_control}: set algorithm.staleness_control=kl for a bound that follows the "
+                    "behaviour KL, or leave it out")
+        return
+    bound(alg.staleness_min, "algorithm.staleness_min", lambda v: v >= 0, "must be >= 0",
+          "it is the lowest bound the KL control may set: 0 allows synchronous updates")
+    bound(alg.staleness_max, "algorithm.staleness_max", lambda v: v >= alg.staleness_min,
+          f"must be >= algorithm.staleness_min ({alg.staleness_min})",
+          "it is the highest bound the KL control may set (the trajectory queues are sized for it)")
+    bound(alg.staleness_kl_low, "algorithm.staleness_kl_low", lambda v: v >= 0, "must be >= 0",
+          "the bound rises while the behaviour KL stays under it: e.g. 0.01")
+    bound(alg.staleness_kl_high, "algorithm.staleness_kl_high", lambda v: v > alg.staleness_kl_low,
+          f"must be > algorithm.staleness_kl_low ({alg.staleness_kl_low}): the band between them holds the bound",
+          "e.g. 0.03")
+    bound(alg.staleness_kl_patience, "algorithm.staleness_kl_patience", lambda v: v >= 1, "must be >= 1",
+          "it is how many updates in a row must read outside the band before the bound moves")
+
+
 def _check_algorithm(cfg: TrainConfig) -> None:
     alg = cfg.algorithm
     bound(alg.staleness_threshold, "algorithm.staleness_threshold", lambda v: v >= 0, "must be >= 0",
           "use 0 for synchronous PPO or N to train on data up to N versions old")
+    _check_staleness_control(alg)
     bound(alg.on_policy_min_ratio, "algorithm.on_policy_min_ratio", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]",
           "it is the fraction of an update's trajectories made by the current version: use 0 to accept "
           "any version-valid mix, 1 for all fresh")

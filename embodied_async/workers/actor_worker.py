@@ -6,14 +6,14 @@ to the rollout workers."""
 from __future__ import annotations
 
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 
 from embodied_async.algorithms import compute_gae, explained_variance, group_relative_advantages
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
-from embodied_async.algorithms.version_gate import VersionGate, mean_staleness
+from embodied_async.algorithms.version_gate import StalenessController, VersionGate, mean_staleness
 from embodied_async.data import Trajectory
 from embodied_async.normalization import merge_observation_moments
 from embodied_async.scheduler.channel import ChannelClosed
@@ -28,6 +28,11 @@ class ActorWorker(TrainerCore):
         super().__init__(cfg, topology, rank, device_id, env_spec, channels)
         self.actor_channel = channels.trajectories
         self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
+        # algorithm.staleness_control=kl: the bound follows the measured behaviour KL
+        self.staleness_control = StalenessController.from_config(cfg.algorithm) \
+            if cfg.algorithm.staleness_control == "kl" else None
+        # the bound published with each recent version: a trajectory is judged by its own version's
+        self.bound_of_version: Dict[int, int] = {}
         self.actor_channel.listen([(*stream, rank) for stream in topology.streams])
         self._demo_batches = None
         self._warm_start: Dict[str, torch.Tensor] = {}
@@ -67,11 +72,35 @@ class ActorWorker(TrainerCore):
         return {named(name): value / len(batch) for name, value in sums.items()}
 
     def publish_weights(self) -> int:
-        """Collective: publish the weights with each rollout rank's acknowledgements."""
+        """Collective: publish the weights with each rollout rank's acknowledgements (and the
+        staleness bound, when it follows the KL)."""
         acknowledged: Dict[int, Dict[int, int]] = {}
         for (rollout_rank, stream), count in self.store.acknowledged.items():
             acknowledged.setdefault(rollout_rank, {})[stream] = count
-        return self.publish(acknowledged)
+        if self.staleness_control is None:
+            return self.publish(acknowledged)
+        bound = self.store.gate.staleness_threshold
+        self.bound_of_version[self.version] = bound
+        for old in [v for v in self.bound_of_version if v < self.version - self.store.gate.highest]:
+            del self.bound_of_version[old]  # older data is too stale under any bound
+        return self.publish(acknowledged, bound)
+
+    def checkpoint_counters(self) -> Dict[str, Any]:
+        return self.staleness_control.state() if self.staleness_control is not None else {}
+
+    def restore_counters(self, state) -> None:
+        if self.staleness_control is not None:
+            self.staleness_control.restore(state)
+            self.store.gate = self.store.gate.with_threshold(self.staleness_control.threshold)
+
+    def _follow_behaviour_kl(self, metrics: Dict[str, float], trajectory_versions: List[int]) -> None:
+        """KL control: this update's rank-averaged behaviour KL, if its trajectories were all
+        started under the bound in force, sets the bound of the trajectories started from now on
+        (sent with the weights about to be published)."""
+        bound = self.store.gate.staleness_threshold
+        settled = all(self.bound_of_version.get(v, bound) == bound for v in trajectory_versions)
+        kl = metrics.get("train/actor/behav_approx_kl")
+        self.store.gate = self.store.gate.with_threshold(self.staleness_control.observe(kl, settled))
 
     # ---- training ----------------------------------------------------------------------------
     def _get_shard(self, stream: tuple) -> Trajectory:
@@ -93,7 +122,8 @@ class ActorWorker(TrainerCore):
             if stream is None:
                 return self.store.take(self.version)
             shard = self._get_shard(stream)
-            self.store.add(stream, shard, int(shard.versions.min()))
+            version = int(shard.versions.min())
+            self.store.add(stream, shard, version, self.bound_of_version.get(version))
 
     def _build_batch(self, traj: Trajectory) -> tuple:
         """(the flat batch, metrics of its advantages). GAE over the critic's values, or (grpo)
@@ -162,7 +192,11 @@ class ActorWorker(TrainerCore):
                "train/actor/current_version": float(self.version),
                # the version gate's lag (actor version - the trajectory's oldest step's), mean over trajectories
                "train/actor/staleness": mean_staleness([shard.versions for shard in shards], self.version),
-               "train/actor/num_samples": float(batch.loss_mask.sum())}
+               "train/actor/num_samples": float(batch.loss_mask.sum()),
+               # the bound this update's batch was gathered under
+               "train/staleness_threshold": float(self.store.gate.staleness_threshold)}
+        if self.staleness_control is not None:  # every rank reads the same averaged KL
+            self._follow_behaviour_kl(self._average_metrics(metrics), [int(s.versions.min()) for s in shards])
         self.version += 1
         self.publish_weights()
         out["train/actor/published_bytes"] = float(self.published_bytes)

@@ -128,6 +128,8 @@ class EnvWorker:
         self.group_size = int(cfg.algorithm.group_size) if grouped else 0
         self._seed = seed
         self._decisions = [0] * stages  # decisions stepped per stage: trajectory k starts at k x num_steps
+        # env.slow_workers: a slower machine or heavier scene on this worker, for drills and benchmarks
+        self.step_delay_s = cfg.env.slow_worker_delay_s if rank in cfg.env.slow_workers else 0.0
 
     def _group_seeds(self, stage: int) -> List[int]:
         """One seed per sub-env of ``stage``, the same within each group, fresh for every trajectory."""
@@ -222,6 +224,8 @@ class EnvWorker:
                         return
                     with self.timer.section("env"):
                         out = self._sanitize(stage, env.step(message.actions))
+                        if self.step_delay_s:
+                            self._stop.wait(self.step_delay_s)  # a sleep that stopping cuts short
                     executed = out.executed_steps(self.cfg.env.num_action_chunks)
                     with self._lock:
                         self.stats[stage].record(out, executed)

@@ -94,6 +94,8 @@ class RolloutWorker:
             self._check_loaded(result)
             # under the lock: an evaluation starting now sees these weights with their version
             self.version = message.version
+            if message.staleness_threshold is not None:
+                self.gate = self.gate.with_threshold(message.staleness_threshold)
             for stream, count in message.acknowledged.items():
                 self.buffers[int(stream)].acknowledged = int(count)
         return True

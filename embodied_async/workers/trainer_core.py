@@ -14,7 +14,7 @@ import socket
 import threading
 import warnings
 from collections import defaultdict
-from typing import Dict
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -176,10 +176,11 @@ class TrainerCore:
         state.update(normalizer_state(self.policy))
         return state
 
-    def publish(self, acknowledged: Dict[int, Dict[int, int]]) -> int:
+    def publish(self, acknowledged: Dict[int, Dict[int, int]], staleness_threshold: Optional[int] = None) -> int:
         """Collective: gather the trainable parameters only (frozen weights never change); rank 0
         stores them once, in the compute dtype the rollout runs in, and sends each rollout rank a
-        message with that handle, the version and its acknowledgements (``acknowledged[rank]``)."""
+        message with that handle, the version, its acknowledgements (``acknowledged[rank]``) and
+        the staleness bound when the actor sets it."""
         compute_dtype = COMPUTE_DTYPES[self.cfg.model.precision]
         published = gather_trainable(self.policy, dtype=compute_dtype)
         published.update(normalizer_state(self.policy))
@@ -187,8 +188,8 @@ class TrainerCore:
         if self.rank == 0:
             shared = self.weight_channel.share(published)
             for rollout_rank in range(self.num_rollout_ranks):
-                self.weight_channel.put(WeightMessage(self.version, shared, acknowledged.get(rollout_rank, {})),
-                                        key=rollout_rank)
+                message = WeightMessage(self.version, shared, acknowledged.get(rollout_rank, {}), staleness_threshold)
+                self.weight_channel.put(message, key=rollout_rank)
         return self.version
 
     # ---- checkpoints -------------------------------------------------------------------------
@@ -237,7 +238,7 @@ class TrainerCore:
             save_tree(model_state, folder, MODEL_TREE)
             save_tree(optim_state, folder, "optimizer")
             save_tree({"version": self.version, "optimizer_steps": self.optimizer_steps,
-                       "generator": self.generator.get_state()}, folder, "actor_state")
+                       "generator": self.generator.get_state(), **self.checkpoint_counters()}, folder, "actor_state")
             write_model_info(folder, self.cfg.model, full)
 
     def load_checkpoint(self, folder: str) -> int:
@@ -263,7 +264,15 @@ class TrainerCore:
                                "warm-up cannot be resumed exactly; resume it with actor.critic_warmup_steps=0")
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.generator.set_state(state["generator"])
+        self.restore_counters(state)
         return self.version
+
+    def checkpoint_counters(self) -> Dict[str, Any]:
+        """A subclass's own counters to keep in a checkpoint (numbers, and dicts of them)."""
+        return {}
+
+    def restore_counters(self, state: Dict[str, Any]) -> None:
+        """Take back what ``checkpoint_counters`` wrote (absent from an older checkpoint)."""
 
     def close(self) -> None:
         if dist.is_initialized():

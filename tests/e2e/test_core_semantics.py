@@ -86,6 +86,49 @@ def test_store_sizes_train_without_deadlock_within_the_staleness_bound(make_conf
         assert r["train/actor/staleness"] <= staleness
 
 
+@pytest.mark.parametrize("start, kl_band, ends_at", [
+    (0, ("10.0", "20.0"), 2),  # every KL reads under the band: raised to the maximum, no further
+    (2, ("0.0", "1e-12"), 0),  # every lagged update's KL reads over it: lowered to synchronous
+])
+def test_the_kl_controlled_bound_moves_through_the_graph_within_its_range(make_config, start, kl_band, ends_at):
+    """algorithm.staleness_control=kl through the real actor, store and rollout throttle: the logged
+    bound moves as the controller says, the rollout follows it without a deadlock, no trajectory is
+    trained on at a lag over the maximum, and the checkpoint keeps the bound."""
+    cfg = make_config(*LOCAL, "algorithm.staleness_control=kl", f"algorithm.staleness_threshold={start}",
+                      "algorithm.staleness_max=2", f"algorithm.staleness_kl_low={kl_band[0]}",
+                      f"algorithm.staleness_kl_high={kl_band[1]}", "algorithm.staleness_kl_patience=1",
+                      "runner.max_steps=12", "runner.save_interval=12")
+    assert Runner(cfg).run()["step"] == 12
+    records = train_records(cfg)
+    bounds = [r["train/staleness_threshold"] for r in records]
+    assert bounds[0] == start and bounds[-1] == ends_at and set(bounds) == {0.0, 1.0, 2.0}
+    assert all(abs(b - a) <= 1 for a, b in zip(bounds, bounds[1:]))  # one step at a time
+    assert all(r["train/rollout_store/max_lag"] <= 2 for r in records)
+    if ends_at == 0:  # the throttle followed the lowered bound: the last updates trained on fresh data only
+        assert all(r["train/rollout_store/max_lag"] == 0 for r in records[-3:])
+    else:
+        assert max(r["train/rollout_store/max_lag"] for r in records) >= 1  # the rollout ran ahead
+    state = load_tree(os.path.join(cfg.runner.logger.log_path, "checkpoints", "global_step_12"), "actor_state")
+    assert state["staleness_threshold"] == ends_at
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+def test_a_slowed_env_worker_takes_the_delay_on_every_step(make_config, delay):
+    """env.slow_workers / env.slow_worker_delay_s (drills and benchmarks of uneven env speed): every
+    step of the named worker takes the delay longer, counted as env time; the point env alone
+    steps in well under it."""
+    slow = [f"env.slow_workers={[0] if delay else []}", f"env.slow_worker_delay_s={delay}"]
+    cfg = make_config(*LOCAL, *FAULTY, *slow, "runner.max_steps=2", "runner.save_interval=0")
+    assert Runner(cfg).run()["step"] == 2
+    records = train_records(cfg)
+    decisions = sum(r["env/env_steps"] for r in records) / cfg.env.num_envs
+    env_seconds_per_step = sum(r["time/env"] for r in records) / decisions
+    if delay:
+        assert env_seconds_per_step >= delay
+    else:
+        assert env_seconds_per_step < 0.05
+
+
 def test_one_normaliser_saved_without_pickle_and_absurd_values_dropped(make_config, monkeypatch):
     cfg = make_config(*LOCAL, *FAULTY, "runner.max_steps=3", "runner.save_interval=3")
     Runner(cfg).run()
