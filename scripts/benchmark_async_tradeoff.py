@@ -10,7 +10,7 @@ every ``--eval-every`` (``--eval-episodes`` episodes, the graph and its clock pa
 training seconds compare).
 
 Per run: env steps/s and decisions/s in steady state, each component's busy / waiting / idle
-share and CPU per env step (``benchmark_throughput.summarize_run``), the trained trajectories' lag
+share and CPU per env step (``embodied_async.throughput.summarize_run``), the trained trajectories' lag
 histogram, the behaviour KL and behaviour-clip fraction (means over updates), the staleness bound
 (mean and last), and the evaluations against training seconds and env steps. Per setting over the
 seeds: the throughput over sync's (paired bootstrap 95 %), over the compute-bound limit (the raw
@@ -34,18 +34,18 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from benchmark_throughput import (
-    REPO_ROOT,
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+from embodied_async.launch import train  # noqa: E402  (after the repository is on the path)
+from embodied_async.seed_statistics import bootstrap_mean, ratio_of_means  # noqa: E402
+from embodied_async.throughput import (  # noqa: E402
     compose,
     cpu_times,
     measure_raw_env,
     num_cores,
-    run_recipe,
     steal_share,
     summarize_run,
 )
-
-from embodied_async.seed_statistics import bootstrap_mean, ratio_of_means
 
 SETTING_HELP = "sync, a fixed bound N, or kl; a :slow suffix slows env worker 0 (e.g. sync:slow 1:slow)"
 
@@ -239,8 +239,8 @@ def main() -> None:
         for setting in args.settings:
             log = os.path.join(out_dir, f"{setting.replace(':', '_')}_seed{seed}")
             print(f"[tradeoff] {setting}, seed {seed} ...", flush=True)
-            records = run_recipe(args.config, [*overrides, *common, f"runner.seed={seed}",
-                                               *setting_overrides(setting, delay)], log)
+            run_overrides = [*overrides, *common, f"runner.seed={seed}", *setting_overrides(setting, delay)]
+            records = train(args.config, run_overrides, log)
             run = run_figures(records, args.warmup_updates, cores, workers, cfg.env.num_action_chunks)
             report["runs"][setting][seed] = run
             print(f"[tradeoff] {setting}, seed {seed}: {run['env_steps_per_s']} env steps/s, behaviour KL "
