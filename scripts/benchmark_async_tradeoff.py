@@ -77,7 +77,8 @@ def slow_delay(raw: Dict, envs_per_stage: int, factor: float) -> float:
 
 def run_figures(records: List[Dict], warmup: int, cores: int, workers: Dict[str, int], chunks: int) -> Dict:
     """One run's figures: the steady-state summary, the lag, the behaviour KL, the evaluations."""
-    train = [r for r in records if "train/actor/current_version" in r]
+    # rates over training time: the paused evaluations' seconds are not the graph's
+    train = [{**r, "wall_time_s": r["train_time_s"]} for r in records if "train/actor/current_version" in r]
     out = summarize_run(train, warmup, cores, workers)
     out["decisions_per_s"] = round(out["env_steps_per_s"] / chunks, 1)
     lags = sorted({int(k.rsplit("_", 1)[1]) for r in train for k in r if k.startswith("train/rollout_store/"

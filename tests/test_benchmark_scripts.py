@@ -180,11 +180,12 @@ def test_the_default_recipe_guard_compares_learning_figures_and_not_clocks():
 
 
 def _tradeoff_records(rate_s_per_update, successes, kl, lag1):
-    """A run's metrics.jsonl records: 640 env steps an update, an evaluation every 2 updates."""
+    """A run's metrics.jsonl records: 640 env steps an update, an evaluation every 2 updates that
+    pauses the graph for 5 s (wall time goes on, training time does not)."""
     records = []
     for step in range(1, 2 * len(successes) + 1):
         records.append({"step": step, "train/actor/current_version": step - 1.0, "env/env_steps": 640.0,
-                        "env_steps": 640.0 * step, "wall_time_s": rate_s_per_update * step,
+                        "env_steps": 640.0 * step, "wall_time_s": rate_s_per_update * step + 5.0 * (step // 2),
                         "train_time_s": rate_s_per_update * step, "train/actor/behav_approx_kl": kl,
                         "train/actor/behav_clip_fraction": 0.0, "train/actor/staleness": lag1 / 2,
                         "train/staleness_threshold": 1.0, "train/rollout_store/trajectories_lag_0": 2.0 - lag1,
@@ -212,7 +213,7 @@ def test_the_async_tradeoff_benchmark_reads_throughput_lag_and_learning_per_sett
         runs["sync"][seed] = bench.run_figures(_tradeoff_records(4.0, [0.2, 0.5, 0.6], 0.0, 0), 1, 2, workers, 1)
         runs["1"][seed] = bench.run_figures(_tradeoff_records(2.0, [0.2, 0.5, 0.6], 0.02, 1), 1, 2, workers, 1)
     run = runs["1"][0]
-    assert run["env_steps_per_s"] == 320.0 and run["lag_histogram"] == {0: 6, 1: 6}
+    assert run["env_steps_per_s"] == 320.0 and run["lag_histogram"] == {0: 6, 1: 6}  # over training time
     assert run["behaviour_kl"] == 0.02 and run["mean_lag"] == 0.5
     assert run["evaluations"][1] == {"update": 4, "success": 0.5, "train_s": 8.0, "env_steps": 2560.0}
     summary = bench.summarize_settings(runs, limit=400.0)
