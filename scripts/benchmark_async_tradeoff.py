@@ -21,7 +21,9 @@ to sync's final success (per seed) over sync's.
     .venv/bin/python scripts/benchmark_async_tradeoff.py --config maniskill_async_ppo_mlp \\
         --settings sync 1 2 kl sync:slow 1:slow --seeds 0 1 2 --updates 60
 
-Writes ``<out>/tradeoff.json`` and ``<out>/tradeoff.png`` (default ``logs/tradeoff-<time>``).
+Writes ``<out>/tradeoff.json`` and ``<out>/tradeoff.png`` (default ``logs/tradeoff-<time>``). Each
+finished run is kept (``<out>/<setting>_seed<k>.json``): the same command with the same ``--out``
+does only what is missing, so Ctrl-C or a crash loses at most the run in flight.
 """
 
 from __future__ import annotations
@@ -239,11 +241,17 @@ def main() -> None:
               f"{delay * 1000:.1f} ms per step", flush=True)
         for setting in args.settings:
             log = os.path.join(out_dir, f"{setting.replace(':', '_')}_seed{seed}")
+            if os.path.exists(log + ".json"):  # finished in an earlier call with this --out
+                with open(log + ".json") as f:
+                    report["runs"][setting][seed] = json.load(f)
+                continue
             print(f"[tradeoff] {setting}, seed {seed} ...", flush=True)
             run_overrides = [*overrides, *common, f"runner.seed={seed}", *setting_overrides(setting, delay)]
             records = train(args.config, run_overrides, log)
             run = run_figures(records, args.warmup_updates, cores, workers, cfg.env.num_action_chunks)
             report["runs"][setting][seed] = run
+            with open(log + ".json", "w") as f:
+                json.dump(run, f, indent=1)
             print(f"[tradeoff] {setting}, seed {seed}: {run['env_steps_per_s']} env steps/s, behaviour KL "
                   f"{run['behaviour_kl']}, lag {run['mean_lag']}, last evaluation "
                   f"{run['evaluations'][-1]['success'] if run['evaluations'] else None}", flush=True)
