@@ -103,18 +103,6 @@ def test_the_miniature_runs_every_phase_records_them_and_keeps_finished_phases(t
     assert all(r["train/grpo/groups_dropped"] < r["train/grpo/groups"] for r in trained)
     with open(out / "record.json") as f:
         assert json.load(f)["recipes"]["rl"] == "maniskill_miniature_grpo_openvla"
-    # an ablation's other folder: its RL run starts from this SFT checkpoint and reads these demonstrations
-    fork = tmp_path / "fork"
-    proc = _run("openvla", "--smoke", "--out", str(fork), "--sft-from", str(out), "model.lora.enabled=true",
-                "rl:algorithm.demo_loss_coef=0.5", "rl:algorithm.demo_batch_size=4")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "sft: done in an earlier run" in proc.stdout and "rl_seed0: starting" in proc.stdout
-    with open(fork / "rl_seed0.log") as f:
-        command = f.readline()
-    assert f"model.init_from={out}/sft/" in command and f"dataset.root={out}/demos" in command
-    with open(fork / "record.json") as f:
-        assert json.load(f)["before_rl"] == summary["before_rl"]
-
 
 
 @pytest.mark.slow
@@ -203,6 +191,32 @@ def test_sft_from_runs_rl_from_another_folders_sft_checkpoint(tmp_path, monkeypa
         _pipeline(tmp_path, monkeypatch, "--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "none"))
     with pytest.raises(miniature.PipelineError, match="this run's own --out"):
         _pipeline(tmp_path, monkeypatch, "--sft-from", str(tmp_path / "out"))
+
+
+def test_a_forks_rl_run_starts_from_the_sources_sft_checkpoint_and_reads_its_demonstrations(tmp_path, monkeypatch):
+    """The command line of a fork's RL run (the phases' commands recorded, none run)."""
+    import miniature
+
+    source = tmp_path / "out"
+    checkpoint = str(source / "sft" / "checkpoints" / "global_step_2")
+    monkeypatch.setattr(miniature.Pipeline, "_collect", lambda self: {"dataset": str(source / "demos")})
+    monkeypatch.setattr(miniature.Pipeline, "_sft", lambda self: {"log": str(source / "sft"), "checkpoint": checkpoint})
+    monkeypatch.setattr(miniature.Pipeline, "_eval_sft", lambda self: {})
+    monkeypatch.setattr(miniature.Pipeline, "_eval_rl", lambda self, seed: {})
+    trained = {}
+    monkeypatch.setattr(miniature.Pipeline, "_train", lambda self, phase, recipe, log, overrides, keep_log=False:
+                        trained.setdefault(log, list(overrides)))
+    monkeypatch.setattr(miniature, "last_checkpoint", lambda log: os.path.join(log, "checkpoints", "global_step_1"))
+    for name in ("build_record", "summary_record", "write_record"):
+        monkeypatch.setattr(miniature, name, lambda *args: {})
+    monkeypatch.setattr(miniature, "summary_line", lambda record: "")
+    miniature.Pipeline(miniature._parse(["openvla", "--out", str(source)])).run()
+    fork = tmp_path / "fork"
+    miniature.Pipeline(miniature._parse(["openvla", "--out", str(fork), "--sft-from", str(source),
+                                         "rl:algorithm.demo_loss_coef=0.5"])).run()
+    overrides = trained[str(fork / "rl_seed0")]
+    assert f"model.init_from={checkpoint}" in overrides and f"dataset.root={source / 'demos'}" in overrides
+    assert "algorithm.demo_loss_coef=0.5" in overrides and str(fork / "sft") not in trained
 
 
 def test_the_sft_checkpoint_is_evaluated_with_the_rl_recipes_decision_rule(tmp_path, monkeypatch):
