@@ -115,6 +115,9 @@ def _batch_lines(cfg: TrainConfig, topology: Topology) -> List[str]:
                      f"in a row under {alg.staleness_kl_low:g}, lowered after as many over {alg.staleness_kl_high:g}")
     else:
         lines.append(f"  staleness: the rollout runs at most {alg.staleness_threshold} version(s) ahead")
+    if alg.batch_from == "first_arrived":
+        lines.append(f"  batch: the first {store * len(topology.streams)} trajectories to arrive, from any "
+                     "stream (a slow env worker's share is filled by the others)")
     return lines
 
 

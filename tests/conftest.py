@@ -93,6 +93,7 @@ EVERY_RECIPE_METRICS = [
     "train/critic/value_clip_fraction",
     "train/rollout_store/held_trajectories", "train/rollout_store/dropped_trajectories",
     "train/rollout_store/max_lag", "train/rollout_store/waited_for_fresh", "train/rollout_store/trajectories_lag_0",
+    "train/rollout_store/fewest_from_one_stream",
     "time/env", "time/rollout", "time/actor_training", "time/actor_data_wait", "throughput/env_steps_per_s",
     "env/success_rate", "env/episode_return", "env/episode_len", "env/episodes", "env/env_steps",
     "env/nonfinite_dropped", "channel/env_outputs_qsize", "channel/actions_qsize", "channel/trajectories_qsize",

@@ -97,3 +97,8 @@ def test_the_plan_says_how_the_staleness_bound_is_set(make_config):
     assert ("staleness: follows the behaviour KL, starting at 3 version(s) ahead, within [0, 3]: raised after "
             "4 updates in a row under 0.01, lowered after as many over 0.03") in describe(controlled,
                                                                                          resolve_topology(controlled))
+    assert "batch: the first" not in describe(fixed, resolve_topology(fixed))
+    pooled = make_config("algorithm.batch_from=first_arrived", "algorithm.rollout_store_size_per_rank=2")
+    streams = len(resolve_topology(pooled).streams)
+    assert (f"  batch: the first {2 * streams} trajectories to arrive, from any stream (a slow env worker's share "
+            "is filled by the others)") in describe(pooled, resolve_topology(pooled))

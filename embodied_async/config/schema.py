@@ -258,8 +258,7 @@ class ModelConfig:
 class AlgorithmConfig:
     gamma: float = 0.8
     gae_lambda: float = 0.9
-    # the actor drops trajectories more than this many versions older than itself; the rollout
-    # never runs further ahead. 0 = synchronous PPO.
+    # the actor drops trajectories more than this many versions older than itself (0: synchronous)
     staleness_threshold: int = 1
     # "fixed": staleness_threshold throughout; "kl": it starts there and follows the behaviour KL in
     # [staleness_min, staleness_max] (version_gate.StalenessController), logged as train/staleness_threshold
@@ -269,10 +268,12 @@ class AlgorithmConfig:
     staleness_kl_low: float = 0.01  # the bound rises after staleness_kl_patience updates in a row under it
     staleness_kl_high: float = 0.03  # and falls after as many over it
     staleness_kl_patience: int = 2
-    # the rollout store: an update starts once each actor rank holds this many version-valid
-    # trajectories from every stream (one pipeline stage of one env worker); all ranks train on
-    # the same ones. One update trains on this many x env.num_envs x rollout.num_steps decisions.
+    # the rollout store: an update trains on this many version-valid trajectories a stream (one
+    # pipeline stage of one env worker): this many x env.num_envs x rollout.num_steps decisions each
     rollout_store_size_per_rank: int = 1
+    # "every_stream": that many from each stream; "first_arrived": the first to arrive from any
+    # (a slow env worker no longer holds the updates up; rollout_store.RolloutStore)
+    batch_from: str = "every_stream"
     # at least this fraction of the trajectories of an update were produced by the actor's current
     # version (lag 0); otherwise the actor waits for fresh ones. 0 = any version-valid mix.
     on_policy_min_ratio: float = 0.0

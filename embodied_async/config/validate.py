@@ -356,6 +356,7 @@ def _check_algorithm(cfg: TrainConfig) -> None:
     bound(alg.staleness_threshold, "algorithm.staleness_threshold", lambda v: v >= 0, "must be >= 0",
           "use 0 for synchronous PPO or N to train on data up to N versions old")
     _check_staleness_control(alg)
+    choice(alg.batch_from, "algorithm.batch_from", ("every_stream", "first_arrived"))
     bound(alg.on_policy_min_ratio, "algorithm.on_policy_min_ratio", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]",
           "it is the fraction of an update's trajectories made by the current version: use 0 to accept "
           "any version-valid mix, 1 for all fresh")

@@ -17,6 +17,7 @@ from embodied_async.algorithms.version_gate import StalenessController, VersionG
 from embodied_async.data import Trajectory
 from embodied_async.normalization import merge_observation_moments
 from embodied_async.scheduler.channel import ChannelClosed
+from embodied_async.scheduler.futures import first_done
 from embodied_async.workers.base import process_metrics
 from embodied_async.workers.trainer_core import TrainerCore
 
@@ -27,7 +28,9 @@ class ActorWorker(TrainerCore):
     def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
         super().__init__(cfg, topology, rank, device_id, env_spec, channels)
         self.actor_channel = channels.trajectories
-        self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm))
+        self.store = RolloutStore(topology.streams, VersionGate.from_config(cfg.algorithm), cfg.algorithm.batch_from)
+        self._armed_gets: Dict[int, Any] = {}  # first_arrived, rank 0: per stream index, its pending get
+        self._next_stream = 0
         # algorithm.staleness_control=kl: the bound follows the measured behaviour KL
         self.staleness_control = StalenessController.from_config(cfg.algorithm) \
             if cfg.algorithm.staleness_control == "kl" else None
@@ -110,20 +113,56 @@ class ActorWorker(TrainerCore):
             except TimeoutError:
                 continue
 
+    def _add_shard(self, stream: tuple, shard: Trajectory) -> None:
+        version = int(shard.versions.min())
+        self.store.add(stream, shard, version, self.bound_of_version.get(version))
+
     def _collect(self) -> List[Trajectory]:
         """Pull shards into the rollout store until it holds a complete batch.
 
-        The store decides from versions and arrival order alone, and every rank receives its shard
-        of the same trajectories in the same order, so all ranks keep, drop and train on the same
-        ones without talking to each other.
+        every_stream: the store decides from versions and each stream's order alone, and every
+        rank receives its shard of the same trajectories in the same order, so all ranks keep, drop
+        and train on the same ones without talking to each other.
         """
+        if self.store.first_arrived:
+            return self._collect_first_arrived()
         while True:
             stream = self.store.stream_to_wait_for(self.version)
             if stream is None:
                 return self.store.take(self.version)
-            shard = self._get_shard(stream)
-            version = int(shard.versions.min())
-            self.store.add(stream, shard, version, self.bound_of_version.get(version))
+            self._add_shard(stream, self._get_shard(stream))
+
+    def _collect_first_arrived(self) -> List[Trajectory]:
+        """first_arrived: rank 0 takes shards as they arrive from any stream (a get armed on each,
+        kept across updates) until its store holds a batch, then sends the other ranks the streams
+        in the order it took them; they take their shards in that order, so every rank's store
+        receives, keeps, drops and trains on the same trajectories."""
+        streams = self.store.streams
+        order: List[int] = []
+        if self.rank == 0:
+            waiting = self.store.stream_to_wait_for(self.version) is not None
+            while waiting:
+                for index, stream in enumerate(streams):
+                    if index not in self._armed_gets:
+                        self._armed_gets[index] = self.actor_channel.get_async(key=(*stream, self.rank))
+                # round robin from the stream after the last one taken: of those waiting together,
+                # none is always first
+                turn = [(self._next_stream + k) % len(streams) for k in range(len(streams))]
+                arrived = first_done([self._armed_gets[i] for i in turn], POLL_SECONDS)
+                if arrived is None:
+                    continue
+                index = turn[arrived]
+                self._add_shard(streams[index], self._armed_gets.pop(index).result())
+                order.append(index)
+                self._next_stream = (index + 1) % len(streams)
+                waiting = self.store.stream_to_wait_for(self.version) is not None
+        order = self._broadcast_from_first_rank(order)
+        if self.rank != 0:
+            self.store.stream_to_wait_for(self.version)  # as often as rank 0 (its drop and wait counts)
+            for index in order:
+                self._add_shard(streams[index], self._get_shard(streams[index]))
+                self.store.stream_to_wait_for(self.version)
+        return self.store.take(self.version)
 
     def _build_batch(self, traj: Trajectory) -> tuple:
         """(the flat batch, metrics of its advantages). GAE over the critic's values, or (grpo)

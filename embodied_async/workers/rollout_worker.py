@@ -67,6 +67,7 @@ class RolloutWorker:
         self.version = -1  # no weights yet: the actor publishes version 0 at start-up
         self.buffers = [_StreamBuffer() for _ in self.stream_keys]
         self.gate = VersionGate.from_config(cfg.algorithm)
+        self.drift = cfg.algorithm.batch_from == "first_arrived"  # streams need not keep in step
         self.timer = BusyTimer()
         self.clock = ProcessClock()
         self._policy_lock = threading.Lock()  # weight swaps vs. evaluation in another thread
@@ -153,13 +154,15 @@ class RolloutWorker:
         The streams begin their trajectories together, so an update's trajectories start with the
         same weights. Left to drift apart, a stream that finished early would run most of its next
         trajectory on the weights of the update still training (the actor waits for the late
-        stream), and the samples' mean lag doubled (0.25 -> 0.51 versions, 8 runs each)."""
+        stream), and the samples' mean lag doubled (0.25 -> 0.51 versions, 8 runs each). Under
+        algorithm.batch_from=first_arrived they drift: an update takes whichever arrive first, so a
+        stream held for a slow one would hold the updates up again."""
         buf = self.buffers[stream]
         if self.version < 0:  # the actor publishes version 0 at start-up
             return False
         if not buf.idle():
             return True
-        in_step = all(other.finished >= buf.started for other in self.buffers)
+        in_step = self.drift or all(other.finished >= buf.started for other in self.buffers)
         return in_step and self.gate.may_start(buf.started, buf.acknowledged)
 
     # ---- the loop ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import socket
 import threading
 import warnings
 from collections import defaultdict
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -142,6 +142,18 @@ class TrainerCore:
         tensor = tensor.clone().to(self.device if self.device_kind == "gpu" else "cpu")
         dist.all_reduce(tensor)
         return tensor.cpu()
+
+    def _broadcast_from_first_rank(self, values: List[int]) -> List[int]:
+        """Rank 0's ``values`` on every rank (the others pass anything)."""
+        if self.world_size == 1:
+            return list(values)
+        device = self.device if self.device_kind == "gpu" else "cpu"
+        length = torch.tensor([len(values)], dtype=torch.int64, device=device)
+        dist.broadcast(length, src=0)
+        data = torch.tensor(values, dtype=torch.int64, device=device) if self.rank == 0 else \
+            torch.zeros(int(length.item()), dtype=torch.int64, device=device)
+        dist.broadcast(data, src=0)
+        return [int(v) for v in data.cpu()]
 
     def _average_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
         if self.world_size == 1:

@@ -27,6 +27,7 @@ def test_default_store_takes_one_trajectory_per_stream_in_order():
     metrics = store.pop_metrics()
     assert metrics[P + "trajectories_lag_0"] == 2 and metrics[P + "trajectories_lag_1"] == 0
     assert metrics[P + "max_lag"] == 0 and metrics[P + "dropped_trajectories"] == 0
+    assert metrics[P + "fewest_from_one_stream"] == 1
 
 
 def test_stale_trajectories_are_dropped_and_acknowledged():
@@ -148,3 +149,81 @@ def test_drops_happen_and_training_goes_on():
     history = simulate(size=2, threshold=1, ratio=1.0, weight_delay=2)
     assert sum(m[P + "dropped_trajectories"] for _, m in history) > 0
     assert len(history) == 40
+
+
+def test_first_arrived_fills_the_batch_from_any_streams_in_arrival_order():
+    store = RolloutStore(["fast", "slow"], VersionGate(1, 1, 0.0), batch_from="first_arrived")
+    assert store.stream_to_wait_for(0) == RolloutStore.ANY_STREAM
+    store.add("fast", "f0", 0)
+    assert store.stream_to_wait_for(0) == RolloutStore.ANY_STREAM  # two a batch: one per stream's share
+    store.add("fast", "f1", 0)
+    assert store.take(0) == ["f0", "f1"] and store.acknowledged == {"fast": 2, "slow": 0}
+    assert store.pop_metrics()[P + "fewest_from_one_stream"] == 0
+    # older trajectories first, whichever stream they came from; the batch in arrival order
+    store.add("fast", "f2", 1)
+    store.add("slow", "s0", 0)
+    store.add("fast", "f3", 1)
+    assert store.take(1) == ["f2", "s0"]
+    assert store.pop_metrics()[P + "trajectories_lag_1"] == 1
+    # a trajectory left beyond the bound by the updates made meanwhile is dropped when it arrives
+    store.add("slow", "s1", 0)
+    store.add("fast", "f4", 2)
+    assert store.take(2) == ["f3", "f4"] and store.acknowledged == {"fast": 5, "slow": 2}
+    assert store.pop_metrics()[P + "dropped_trajectories"] == 1
+
+
+def test_first_arrived_waits_for_the_fresh_share_of_every_stream():
+    store = RolloutStore(["a", "b"], VersionGate(2, 1, 0.5), batch_from="first_arrived")  # 4 a batch, 2 fresh
+    fill(store, "a", [4, 4, 5])
+    store.add("b", "b0@v4", 4)
+    assert store.stream_to_wait_for(5) == RolloutStore.ANY_STREAM and store.metrics.waited_for_fresh == 1
+    store.add("b", "b1@v5", 5)
+    assert store.take(5) == ["a:0@v4", "a:1@v4", "a:2@v5", "b1@v5"]
+    with pytest.raises(ValueError, match="not one of"):
+        RolloutStore(["a"], VersionGate(1, 1, 0.0), batch_from="fastest")
+
+
+def simulate_speeds(batch_from, threshold, periods, rounds=600):
+    """Env workers of different speeds (stream s finishes a trajectory ``periods[s]`` rounds after
+    it began it) against the store; the rollout begins one whenever the throttle allows, and under
+    every_stream only in step with the other streams (``RolloutWorker._may_act``). Updates are
+    instant. Returns the updates' lags and the trajectories dropped."""
+    gate = VersionGate(1, threshold, 0.0)
+    streams = list(range(len(periods)))
+    store = RolloutStore(streams, gate, batch_from=batch_from)
+    started, finished = [0] * len(periods), [0] * len(periods)
+    under_way = {}  # stream: (round it finishes, version it began with)
+    version, lags, dropped = 0, [], 0
+    for round_ in range(rounds):
+        for s, (done_at, began) in list(under_way.items()):
+            if done_at <= round_:
+                store.add(s, began, began)
+                finished[s] += 1
+                del under_way[s]
+        while store.stream_to_wait_for(version) is None:
+            lags.append([version - v for v in store.take(version)])
+            dropped += store.pop_metrics()[P + "dropped_trajectories"]
+            version += 1
+        for s in streams:
+            in_step = batch_from == "first_arrived" or all(f >= started[s] for f in finished)
+            if s not in under_way and in_step and gate.may_start(started[s], store.acknowledged[s]):
+                under_way[s] = (round_ + periods[s], version)
+                started[s] += 1
+    return lags, dropped
+
+
+@pytest.mark.parametrize("threshold", [1, 2])
+def test_first_arrived_keeps_the_pace_of_the_fast_workers_within_the_bound(threshold):
+    balanced, _ = simulate_speeds("first_arrived", threshold, [1, 1, 1, 1])
+    every, _ = simulate_speeds("every_stream", threshold, [3, 1, 1, 1])
+    first, dropped = simulate_speeds("first_arrived", threshold, [3, 1, 1, 1])
+    # four streams, one 3x slower: its share waits for it (every_stream), or the others fill it
+    assert len(every) <= 0.34 * len(balanced) + 1
+    assert len(first) >= 0.74 * len(balanced)  # the work of 3 1/3 workers of 4
+    assert all(len(batch) == 4 and max(batch) <= threshold for batch in first)
+    # under bound 1 the slow worker's trajectories (3 rounds, ~2.4 updates) mostly arrive too late
+    # and are dropped; under bound 2 every one trains
+    assert (dropped > 0) == (threshold == 1)
+    # a synchronous store waits for every stream's trajectory of the current version either way
+    sync, _ = simulate_speeds("first_arrived", 0, [3, 1, 1, 1])
+    assert len(sync) <= 0.34 * len(balanced) + 1

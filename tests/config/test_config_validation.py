@@ -95,6 +95,8 @@ BAD = [
      "the band between them holds the bound"),
     (("algorithm.staleness_control=kl", "algorithm.staleness_kl_patience=0"), "algorithm.staleness_kl_patience=0",
      "before the bound moves"),
+    ("algorithm.batch_from=fastest", "algorithm.batch_from='fastest' is not allowed",
+     "use one of: every_stream, first_arrived"),
     ("algorithm.update_epochs=0", "algorithm.update_epochs=0", "set it to 1 or more"),
     (("env.slow_workers=[2]", "env.slow_worker_delay_s=0.1"), "env.slow_workers=[2]: no env worker 2",
      "this placement has 2: ranks 0-1"),

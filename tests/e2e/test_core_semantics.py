@@ -135,6 +135,26 @@ def test_a_slowed_env_worker_takes_the_delay_on_every_step(make_config, delay):
         assert env_seconds_per_step < 0.05
 
 
+@pytest.mark.parametrize("batch_from", ["every_stream", "first_arrived"])
+def test_first_arrived_batches_go_on_without_a_slow_env_worker_within_the_bound(make_config, batch_from):
+    """Two env workers, worker 0 slowed far below worker 1: every_stream waits for its trajectory
+    in every update; first_arrived fills its share from worker 1 (the batch as large, no lag over
+    the bound, the slow worker's late ones trained or dropped)."""
+    cfg = make_config(*LOCAL, *FAULTY, "cluster.component_placement.env=0-1", f"algorithm.batch_from={batch_from}",
+                      "env.slow_workers=[0]", "env.slow_worker_delay_s=0.05", "algorithm.staleness_threshold=1",
+                      "runner.max_steps=6", "runner.save_interval=0")
+    assert Runner(cfg).run()["step"] == 6
+    records = train_records(cfg)
+    fewest = [r["train/rollout_store/fewest_from_one_stream"] for r in records]
+    for r in records:
+        assert r["train/rollout_store/trajectories_lag_0"] + r["train/rollout_store/trajectories_lag_1"] == 2
+        assert r["train/rollout_store/max_lag"] <= 1
+    if batch_from == "every_stream":
+        assert fewest == [1.0] * 6
+    else:
+        assert fewest.count(0.0) >= 3  # worker 1 alone filled most batches
+
+
 def test_one_normaliser_saved_without_pickle_and_absurd_values_dropped(make_config, monkeypatch):
     cfg = make_config(*LOCAL, *FAULTY, "runner.max_steps=3", "runner.save_interval=3")
     Runner(cfg).run()
