@@ -129,6 +129,10 @@ def summarize_settings(runs: Dict[str, Dict[int, Dict]], limit: Optional[float])
         row = {"env_steps_per_s": bootstrap_mean(rates),
                "behaviour_kl": bootstrap_mean([by_seed[s]["behaviour_kl"] for s in seeds]),
                "mean_lag": bootstrap_mean([by_seed[s]["mean_lag"] for s in seeds]),
+               # our processes' CPU over the cores' time: near 1, the machine is saturated, and a rate
+               # below the compute-bound limit is overhead outside the measured work (serialising, IPC,
+               # the renderer's threads), not waiting
+               "cpu_share": bootstrap_mean([by_seed[s]["our_processes_cpu_share"] for s in seeds]),
                "success_at_train_s_budget": [success_at(by_seed[s]["evaluations"], "train_s", time_budget)
                                              for s in seeds],
                "success_at_env_steps_budget": [success_at(by_seed[s]["evaluations"], "env_steps", step_budget)
