@@ -141,7 +141,7 @@ def test_first_arrived_batches_go_on_without_a_slow_env_worker_within_the_bound(
     in every update; first_arrived fills its share from worker 1 (the batch as large, no lag over
     the bound, the slow worker's late ones trained or dropped)."""
     cfg = make_config(*LOCAL, *FAULTY, "cluster.component_placement.env=0-1", f"algorithm.batch_from={batch_from}",
-                      "env.slow_workers=[0]", "env.slow_worker_delay_s=0.05", "algorithm.staleness_threshold=1",
+                      "env.slow_workers=[0]", "env.slow_worker_delay_s=0.15", "algorithm.staleness_threshold=1",
                       "runner.max_steps=6", "runner.save_interval=0")
     assert Runner(cfg).run()["step"] == 6
     records = train_records(cfg)
