@@ -114,11 +114,15 @@ class RolloutStore:
             return {s: sorted(indices) for s, indices in batch.items()}
         batch = {}
         for stream in self.streams:
-            chosen = self._choose(list(enumerate(self.queues[stream])), version, self.size, self.gate.fresh_needed)
+            chosen = self._stream_share(stream, version)
             if chosen is None:
                 return None
             batch[stream] = sorted(index for index, _ in chosen)
         return batch
+
+    def _stream_share(self, stream: Hashable, version: int) -> Optional[List[tuple]]:
+        """every_stream: (index, trajectory) of the stream's share of the batch, or None."""
+        return self._choose(list(enumerate(self.queues[stream])), version, self.size, self.gate.fresh_needed)
 
     def stream_to_wait_for(self, version: int) -> Optional[Hashable]:
         """What the batch waits for: the first stream (in fixed order) whose share is not complete
@@ -135,8 +139,7 @@ class RolloutStore:
                 self.metrics.waited_for_fresh += 1
             return self.ANY_STREAM
         for stream in self.streams:
-            chosen = self._choose(list(enumerate(self.queues[stream])), version, self.size, self.gate.fresh_needed)
-            if chosen is None:
+            if self._stream_share(stream, version) is None:
                 if len(self.queues[stream]) >= self.size:
                     self.metrics.waited_for_fresh += 1
                 return stream
@@ -145,9 +148,10 @@ class RolloutStore:
     def take(self, version: int) -> List[Any]:
         """Remove and return the update's batch: every_stream's by stream in fixed order, arrival
         order within; first_arrived's in arrival order."""
-        if self.stream_to_wait_for(version) is not None:
-            raise RuntimeError("take() before the store holds a complete batch")
+        self._drop_stale(version)
         chosen_of = self._batch(version)
+        if chosen_of is None:
+            raise RuntimeError("take() before the store holds a complete batch")
         taken = []
         self.metrics.fewest_from_one_stream = min(len(chosen) for chosen in chosen_of.values())
         for stream in self.streams:
