@@ -9,7 +9,7 @@ here. Both check a built object against its protocol at start-up, so a missing m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -137,6 +137,17 @@ class SubEnv(Protocol):
     def observe(self) -> Observation: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ConcurrentSubEnv(Protocol):
+    """A sub-env whose simulator runs elsewhere (a child process): a call is sent (``send_call``)
+    and its reply read later (``receive_reply``), so ``SerialEnv`` has all of them work at once. ``call`` is a
+    ``SubEnv`` method or ``run_chunk`` (``serial_env.run_chunk`` run where the simulator is)."""
+
+    def send_call(self, call: str, *args) -> None: ...
+
+    def receive_reply(self, call: str) -> Any: ...
 
 
 @runtime_checkable

@@ -5,16 +5,19 @@ simulator, the synthetic env): a family supplies its ``contracts.SubEnv`` object
 bounds; this class executes the action chunks, ends a sub-env's chunk where its episode ends (the
 rest was planned for that episode), keeps the last observation of a finished episode in
 ``final_obs``, auto-resets, applies the one bootstrap rule and counts the env steps executed.
-Parallelism comes from several env worker processes.
+Parallelism comes from several env worker processes, and from sub-envs whose simulators run in
+child processes (``contracts.ConcurrentSubEnv``): those are all sent their chunk before any reply
+is read, so they simulate at once.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from embodied_async.contracts import ResetSeed, SubEnv, sub_env_seeds
+from embodied_async.contracts import ConcurrentSubEnv, ResetSeed, SubEnv, sub_env_seeds
 from embodied_async.data import (
     EnvOutput,
     Observation,
@@ -23,6 +26,45 @@ from embodied_async.data import (
     concat_observations,
     final_observations,
 )
+
+
+@dataclass
+class ChunkResult:
+    """One sub-env's part of a step: the chunk's summed reward and executed steps, its last step's
+    flags, the finished episode's last observation (None if it goes on) and the observation after
+    it (the next episode's first where it finished)."""
+
+    reward: float
+    executed: int
+    success: bool
+    terminated: bool
+    truncated: bool
+    fail: bool
+    final_obs: Optional[Observation]
+    obs: Observation
+
+
+def run_chunk(sub: SubEnv, chunk: np.ndarray) -> ChunkResult:
+    """Execute one sub-env's action chunk ``[C, A]``, ending it where the episode ends (the rest
+    was planned for that episode) and resetting; where the sub-env runs in a child process, the
+    child runs this (one message a chunk)."""
+    reward, executed = 0.0, 0
+    for action in chunk:
+        result = sub.step(action)
+        executed += 1
+        reward += float(result.reward)
+        if result.terminated or result.truncated:
+            final = sub.observe()  # before the reset: the episode's last observation
+            sub.reset()
+            break
+    else:
+        final = None
+    return ChunkResult(reward, executed, bool(result.success), bool(result.terminated), bool(result.truncated),
+                       bool(result.fail), final, sub.observe())
+
+
+def _call_here(sub: SubEnv, call: str, args: tuple) -> Any:
+    return run_chunk(sub, *args) if call == "run_chunk" else getattr(sub, call)(*args)
 
 
 class SerialEnv:
@@ -35,6 +77,7 @@ class SerialEnv:
         if not subs:
             raise ValueError("a serial env needs at least one sub-env")
         self.subs: List[SubEnv] = list(subs)
+        self._concurrent = [isinstance(sub, ConcurrentSubEnv) for sub in self.subs]
         self.num_envs = len(self.subs)
         self.action_low = np.asarray(action_low, dtype=np.float32)
         self.action_high = np.asarray(action_high, dtype=np.float32)
@@ -45,9 +88,8 @@ class SerialEnv:
         """Reset every sub-env (``seed``: an int reseeds sub-env ``i`` with ``seed + i``, a list gives
         each its own; None continues their RNGs)."""
         seeds = sub_env_seeds(seed, self.num_envs)
-        for i, sub in enumerate(self.subs):
-            sub.reset(None if seeds is None else seeds[i])
-        self._rows = [sub.observe() for sub in self.subs]
+        self._on_each("reset", [(None if seeds is None else seeds[i],) for i in range(self.num_envs)])
+        self._rows = self._on_each("observe", [()] * self.num_envs)
         self._check_rows_alike()
         return EnvOutput.after_reset(self._current_obs(), self.num_envs)
 
@@ -70,30 +112,46 @@ class SerialEnv:
         rewards, executed = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.int64)
         dones, bootstrap, successes = (np.zeros(n, dtype=bool) for _ in range(3))
         finals: Dict[int, Observation] = {}
-        for i, sub in enumerate(self.subs):
-            for action in actions[i]:
-                result = sub.step(action)
-                executed[i] += 1
-                rewards[i] += float(result.reward)
-                successes[i] = bool(result.success)
-                if result.terminated or result.truncated:
-                    dones[i] = True
-                    bootstrap[i] = bootstrap_flags(result.terminated, result.truncated, self.terminal_on_success,
-                                                   result.fail)
-                    finals[i] = sub.observe()  # before the reset: the episode's last observation
-                    sub.reset()
-                    break  # the rest of the chunk was planned for the finished episode
-            self._rows[i] = sub.observe()
+        for i, result in enumerate(self._on_each("run_chunk", [(chunk,) for chunk in actions])):
+            rewards[i], executed[i], successes[i] = result.reward, result.executed, result.success
+            if result.final_obs is not None:
+                dones[i] = True
+                bootstrap[i] = bootstrap_flags(result.terminated, result.truncated, self.terminal_on_success,
+                                               result.fail)
+                finals[i] = result.final_obs
+            self._rows[i] = result.obs
         obs = self._current_obs()
         return EnvOutput(obs, rewards, dones, bootstrap, successes, np.ones(n, dtype=bool),
                          final_obs=final_observations(obs, finals), env_steps=executed)
 
     def reset_envs(self, indices: Sequence[int]) -> Observation:
         """Reset only the sub-envs ``indices``; return the full current observation."""
-        for i in np.atleast_1d(np.asarray(indices, dtype=np.int64)):
-            self.subs[int(i)].reset()
-            self._rows[int(i)] = self.subs[int(i)].observe()
+        chosen = [int(i) for i in np.atleast_1d(np.asarray(indices, dtype=np.int64))]
+        self._on_each("reset", [()] * len(chosen), chosen)
+        for i, row in zip(chosen, self._on_each("observe", [()] * len(chosen), chosen)):
+            self._rows[i] = row
         return self._current_obs()
+
+    def _on_each(self, call: str, args: Sequence[tuple], indices: Optional[Sequence[int]] = None) -> List[Any]:
+        """``call`` (a sub-env method, or ``run_chunk``) on each sub-env (``indices``: those only),
+        with its ``args``: sub-envs in child processes all sent theirs first, so they work at once;
+        the others called in turn. Every reply is read before an error is raised, so the
+        children's pipes stay in step."""
+        chosen = range(self.num_envs) if indices is None else indices
+        for i, each in zip(chosen, args):
+            if self._concurrent[i]:
+                self.subs[i].send_call(call, *each)
+        results, errors = [], []
+        for i, each in zip(chosen, args):
+            try:
+                sub = self.subs[i]
+                results.append(sub.receive_reply(call) if self._concurrent[i] else _call_here(sub, call, each))
+            except Exception as err:  # raised below, once every child replied
+                results.append(None)
+                errors.append(err)
+        if errors:
+            raise errors[0]
+        return results
 
     def close(self) -> None:
         """Release the simulators (idempotent)."""

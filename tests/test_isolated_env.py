@@ -112,3 +112,38 @@ def test_a_family_whose_environment_is_missing_is_refused_at_start_up(make_confi
     with pytest.raises(ConfigError, match=r"env \(maniskill\): the 'libero' Python environment .* is not set up: run "
                                           r"bash scripts/setup.sh --python-env libero"):
         make_config()
+
+
+@pytest.mark.slow
+def test_children_simulate_at_once_and_step_as_the_same_simulators_in_process(family_venv, monkeypatch, tmp_path):
+    support = os.path.join(os.path.dirname(__file__), "support")
+    monkeypatch.setenv("PYTHONPATH", support)
+    monkeypatch.syspath_prepend(support)
+    from child_sub_envs import CountingSubEnv
+
+    logs = [tmp_path / "steps_0.txt", tmp_path / "steps_1.txt"]
+    configs = [{"goal": 2, "horizon": 3, "step_log": str(log), "step_sleep_s": 0.2} for log in logs]
+    children = SerialEnv([child(**c) for c in configs], np.array([-1.0]), np.array([1.0]), terminal_on_success=False)
+    here = SerialEnv([CountingSubEnv({"goal": 2, "horizon": 3}) for _ in logs], np.array([-1.0]), np.array([1.0]),
+                     terminal_on_success=False)
+    try:
+        outs = [env.reset(seed=[3, 4]) for env in (children, here)]
+        np.testing.assert_array_equal(outs[0].obs["states"], outs[1].obs["states"])
+        # chunks of three: one sub-env's episode ends inside its chunk (the rest is not executed)
+        for actions in ([[0.5], [0.5], [0.5]], [[1.0], [-1.0], [0.2]], [[0.0], [0.0], [0.0]]):
+            chunk = np.array([actions, actions], np.float32)
+            outs = [env.step(chunk) for env in (children, here)]
+            for key in ("rewards", "dones", "bootstrap", "successes", "env_steps"):
+                np.testing.assert_array_equal(getattr(outs[0], key), getattr(outs[1], key), err_msg=key)
+            np.testing.assert_array_equal(outs[0].obs["states"], outs[1].obs["states"])
+            assert (outs[0].final_obs is None) == (outs[1].final_obs is None)
+            if outs[0].final_obs is not None:
+                np.testing.assert_array_equal(outs[0].final_obs["states"], outs[1].final_obs["states"])
+    finally:
+        children.close()
+    # every step of the child that stepped less overlaps one of the other's in time: neither
+    # waited for the other's reply (stepped in turn, none would)
+    fewer, more = sorted(([tuple(map(float, line.split())) for line in log.read_text().splitlines()] for log in logs),
+                         key=len)
+    assert len(fewer) >= 3
+    assert all(any(b0 < a1 and a0 < b1 for b0, b1 in more) for a0, a1 in fewer), (fewer, more)

@@ -17,6 +17,7 @@ import numpy as np
 
 from embodied_async.contracts import SubStep
 from embodied_async.isolated.codec import CodecError, read_message, write_message
+from embodied_async.serial_env import ChunkResult
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # where the families' environments live (.venv-<name> in it); a test points it elsewhere
@@ -97,18 +98,30 @@ class ChildSubEnv:
     def _reply(self) -> Any:
         return _reply(self.process, self.family)
 
-    def _call(self, name: str, *args) -> Any:
+    def send_call(self, name: str, *args) -> None:
+        """Send a call; ``receive_reply`` reads its result (``contracts.ConcurrentSubEnv``)."""
         try:
             write_message(self.process.stdin, {"call": name, "args": list(args)})
         except (BrokenPipeError, OSError):
             pass  # the reply's read reports the child's end with its exit code
-        return self._reply()
+
+    def receive_reply(self, name: str) -> Any:
+        reply = self._reply()
+        if name == "step":
+            return SubStep(**reply)
+        if name == "run_chunk":
+            return ChunkResult(**reply)
+        return reply
+
+    def _call(self, name: str, *args) -> Any:
+        self.send_call(name, *args)
+        return self.receive_reply(name)
 
     def reset(self, seed: Optional[int] = None) -> None:
         self._call("reset", seed)
 
     def step(self, action: np.ndarray) -> SubStep:
-        return SubStep(**self._call("step", np.asarray(action)))
+        return self._call("step", np.asarray(action))
 
     def observe(self) -> Dict[str, np.ndarray]:
         return self._call("observe")

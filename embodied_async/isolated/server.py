@@ -13,13 +13,16 @@ import traceback
 from typing import Any, BinaryIO
 
 from embodied_async.isolated.codec import read_message, write_message
+from embodied_async.serial_env import run_chunk
 
-CALLS = ("reset", "step", "observe", "close")
+CALLS = ("reset", "step", "observe", "close", "run_chunk")
 
 
 def _plain(value: Any) -> Any:
-    """A ``SubStep`` (or any dataclass) as a dict; everything else as it is."""
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    """A ``SubStep`` or ``ChunkResult`` as a dict (its arrays not copied); everything else as it is."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return value
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
@@ -48,7 +51,9 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         try:
             if call not in CALLS:
                 raise ValueError(f"unknown call {call!r}")
-            result = _plain(getattr(sub_env, call)(*request.get("args", [])))
+            args = request.get("args", [])
+            # a whole action chunk in one message: the env worker's other children simulate meanwhile
+            result = _plain(run_chunk(sub_env, *args) if call == "run_chunk" else getattr(sub_env, call)(*args))
         except Exception as err:
             traceback.print_exc()
             write_message(replies, {"error": f"{type(err).__name__}: {err}"})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import threading
 import time
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, List
 
 
 def setup_worker_process(device_kind: str, device_id: int, cpu_threads: int, seed: int) -> str:
@@ -65,28 +66,66 @@ class _Section:
         return False
 
 
+def _descendants(pid: int) -> List[int]:
+    """The live processes below ``pid`` (``/proc/<pid>/task/<tid>/children``; none where the
+    kernel does not list children)."""
+    found: List[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's child processes, live and reaped: where a family's
+    simulators run in children (``embodied_async.isolated``), their CPU is the env's work."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile: counted by getrusage once reaped
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return total + reaped.ru_utime + reaped.ru_stime
+
+
 class ProcessClock:
-    """CPU seconds of this whole process (every thread: the worker loop, Ray's and torch's) and
-    wall seconds since the last ``pop``."""
+    """CPU seconds of this whole process (every thread: the worker loop, Ray's and torch's) and of
+    its child processes, and wall seconds, since the last ``pop``."""
 
     def __init__(self) -> None:
-        self._cpu, self._wall = time.process_time(), time.perf_counter()
+        self._cpu, self._children, self._wall = time.process_time(), children_cpu_s(), time.perf_counter()
 
     def pop(self) -> Dict[str, float]:
-        cpu, wall = time.process_time(), time.perf_counter()
-        out = {"cpu": cpu - self._cpu, "wall": wall - self._wall}
-        self._cpu, self._wall = cpu, wall
+        cpu, children, wall = time.process_time(), children_cpu_s(), time.perf_counter()
+        out = {"cpu": cpu - self._cpu + children - self._children, "children_cpu": children - self._children,
+               "wall": wall - self._wall}
+        self._cpu, self._children, self._wall = cpu, children, wall
         return out
 
 
 def process_metrics(component: str, clock: ProcessClock, work_cpu_s: float, *channels) -> Dict[str, float]:
     """A worker's CPU accounting since the last call: ``cpu/<component>_work`` (the CPU its own
-    work took: simulation, inference, training), ``cpu/<component>_process`` (the whole process:
-    work plus messaging, Ray's threads, polling), the traffic it sent through ``channels`` and the
+    work took: simulation, inference, training; its child processes' CPU included),
+    ``cpu/<component>_process`` (the whole process and its children: work plus messaging, Ray's
+    threads, polling), the traffic it sent through ``channels`` and the
     connections to its channels it refused (peers that are not the run's processes). Workers of
     one component are added up."""
     process = clock.pop()
-    out = {f"cpu/{component}_work": work_cpu_s, f"cpu/{component}_process": process["cpu"]}
+    # a child process works for its parent (the simulators of an isolated env family)
+    out = {f"cpu/{component}_work": work_cpu_s + process["children_cpu"], f"cpu/{component}_process": process["cpu"]}
     for what in ("messages", "bytes", "refused_connections"):
         out[f"traffic/{component}_{what}"] = 0.0
     for channel in channels:

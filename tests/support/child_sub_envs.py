@@ -2,6 +2,7 @@
 a plain config, numpy only."""
 
 import os
+import time
 
 import numpy as np
 
@@ -10,10 +11,12 @@ from embodied_async.contracts import SubStep
 
 class CountingSubEnv:
     """A position that moves by the action; success at ``goal``, a time limit of ``horizon`` steps;
-    ``die_at``: the process ends (as a crash would) at that step of an episode."""
+    ``die_at``: the process ends (as a crash would) at that step of an episode; ``step_log``: a
+    file each step appends its start and end (wall clock) to, after ``step_sleep_s`` of work."""
 
     def __init__(self, config):
         self.goal, self.horizon, self.die_at = config["goal"], config["horizon"], config.get("die_at")
+        self.step_log, self.step_sleep_s = config.get("step_log"), config.get("step_sleep_s", 0.0)
         self.instruction = f"count to {self.goal}"
         self.rng = np.random.default_rng(0)
         self.position, self.steps, self.start = 0.0, 0, 0.0
@@ -25,6 +28,11 @@ class CountingSubEnv:
         self.position, self.steps = self.start, 0
 
     def step(self, action):
+        began = time.time()
+        time.sleep(self.step_sleep_s)
+        if self.step_log:
+            with open(self.step_log, "a") as f:
+                f.write(f"{began} {time.time()}\n")
         self.steps += 1
         if self.die_at is not None and self.steps >= self.die_at:
             os._exit(7)
