@@ -5,7 +5,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh --python-env libero  # LIBERO runs in an environment of its own
+# LIBERO's environment (.venv-libero) is built by the tests that start its simulators, on first use
+bash scripts/setup.sh
 
 # The lint first (pyflakes, pycodestyle, import order; its settings in pyproject.toml): a second.
 if ! .venv/bin/ruff check --quiet .; then
@@ -13,6 +14,16 @@ if ! .venv/bin/ruff check --quiet .; then
          "order and unused imports, the rest is by hand" >&2
     exit 1
 fi
+
+# The manual (docs/, mkdocs.yml) with every link and anchor checked: a few seconds.
+site=$(mktemp -d)
+if ! .venv/bin/mkdocs build --strict --quiet --site-dir "$site"; then
+    echo "[test] error: the docs do not build (the lines above name the page and the broken link);" \
+         "'.venv/bin/mkdocs serve' shows them as you edit" >&2
+    rm -rf "$site"
+    exit 1
+fi
+rm -rf "$site"
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?

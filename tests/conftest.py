@@ -2,6 +2,7 @@
 
 import copy
 import os
+import subprocess
 import sys
 
 import pytest
@@ -27,6 +28,19 @@ def reference_fixture(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return folder
+
+
+@pytest.fixture(scope="session")
+def libero_python_env() -> str:
+    """The interpreter of ``.venv-libero``, built on first use by the set-up command a user runs
+    (about two minutes and 2.1 GB the first time, a second after): only the tests that start
+    LIBERO's simulators ask for it, so the fast tier never builds it."""
+    from embodied_async.isolated.child import family_interpreter
+
+    subprocess.run(["bash", "scripts/setup.sh", "--python-env", "libero"], cwd=REPO_ROOT, check=True)
+    return family_interpreter("libero")
+
+
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
 sys.path.append(os.path.join(REPO_ROOT, "scripts"))  # tests import a script's functions as a module
 

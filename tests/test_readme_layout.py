@@ -1,5 +1,7 @@
-"""The README's layout block names the repository's folders as they are."""
+"""The README: its layout block names the repository's folders as they are, and it stays an
+overview whose files exist."""
 
+import glob
 import os
 import re
 
@@ -38,3 +40,24 @@ def test_the_files_and_families_the_layout_names_exist():
         families = entries[path].split(":", 1)[1].split("(")[0]
         names = [name.strip() for name in families.split(",")]
         assert [n for n in names if not os.path.isdir(os.path.join(REPO_ROOT, path, n))] == [], path
+
+
+def test_the_readme_is_an_overview_whose_named_files_exist():
+    """At most 250 lines (the manual is docs/), and every file it names in backticks is there: a
+    path from the repository's root, or a record of benchmarks/ by its name (a * a wildcard)."""
+    with open(os.path.join(REPO_ROOT, "README.md")) as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 250
+    named = set(re.findall(r"`([\w./*{},-]+\.(?:md|py|sh|json|png|yaml))`", text))
+    missing = [name for name in named if not any(glob.glob(os.path.join(REPO_ROOT, folder, name))
+                                                 for folder in ("", "benchmarks"))]
+    assert len(named) > 10 and missing == []
+
+
+def test_every_manual_page_is_in_the_sites_navigation():
+    """mkdocs warns of a page left out of mkdocs.yml's nav (scripts/test.sh builds with --strict),
+    but the README's table of pages is checked here."""
+    with open(os.path.join(REPO_ROOT, "README.md")) as f:
+        listed = set(re.findall(r"\| `docs/([\w-]+\.md)` \|", f.read()))
+    pages = {name for name in os.listdir(os.path.join(REPO_ROOT, "docs")) if name.endswith(".md")}
+    assert listed == pages - {"index.md"}

@@ -16,6 +16,7 @@ from embodied_async.config.checks import ConfigError
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 GROUPS = ("env", "model")
+LOG_PATH_KEY = "runner.logger.log_path"
 
 
 def recipe_names() -> list:
@@ -52,9 +53,17 @@ def check_recipe_name(recipe: str) -> None:
         raise ConfigError(f"no recipe {recipe!r} (configs/{recipe}.yaml); the recipes: {', '.join(recipe_names())}")
 
 
+def with_log_path(recipe: str, overrides: Sequence[str]) -> list:
+    """``overrides`` with the recipe's log folder, ``logs/<recipe>``, unless they name one: a recipe
+    states no log folder of its own (``scripts/run_async.sh`` names a dated one)."""
+    named = any(item.startswith(f"{LOG_PATH_KEY}=") for item in overrides)
+    return list(overrides) if named else [f"{LOG_PATH_KEY}=logs/{recipe}", *overrides]
+
+
 def compose_recipe(recipe: str, overrides: Sequence[str] = ()):
     """``configs/<recipe>.yaml`` composed by Hydra with ``overrides`` (a ``DictConfig``, not yet
-    validated); ConfigError naming the recipe when it is missing or does not compose."""
+    validated; the log folder ``logs/<recipe>`` unless they name one); ConfigError naming the recipe
+    when it is missing or does not compose."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -65,7 +74,7 @@ def compose_recipe(recipe: str, overrides: Sequence[str] = ()):
     register_schema()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         try:
-            return compose(config_name=recipe, overrides=list(overrides))
+            return compose(config_name=recipe, overrides=with_log_path(recipe, overrides))
         except (HydraException, OmegaConfBaseException) as err:
             raise ConfigError(f"{recipe} with {list(overrides)}: {err}") from None
 

@@ -392,8 +392,8 @@ class SupervisedConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where a run's metrics go: always ``<log_path>/metrics.jsonl``, and to each tracker of
-    ``backends`` (``embodied_async.trackers``)."""
+    """Where a run's metrics go: ``<log_path>/metrics.jsonl`` and each tracker of ``backends``
+    (``trackers.py``). Recipes state no ``log_path``: composing one names ``logs/<recipe>``."""
 
     # the trackers a run may name; each is also the Python package it needs
     known_backends: ClassVar[Tuple[str, ...]] = ("tensorboard", "wandb", "swanlab")

@@ -51,8 +51,8 @@ def init_ray(num_nodes: int) -> None:
     by this user alone: ``private_files.private_ray_token``) and keeps its session
     (sockets, logs, runtime envs, which Ray makes world-writable) in a folder only this user may
     enter (``private_files.ray_temp_dir``). A cluster we attach to is as safe as it was started:
-    without token authentication anyone who reaches its ports runs code as its user (README,
-    "Shared machines and clusters").
+    without token authentication anyone who reaches its ports runs code as its user (docs/clusters.md,
+    "Who can reach a run").
     """
     import ray
 
@@ -79,7 +79,7 @@ def init_ray(num_nodes: int) -> None:
         where = "the Ray instance this run started" if address is None else f"the Ray cluster at {address}"
         print(f"[runner] warning: RAY_AUTH_MODE is {auth or 'unset'}: {where} does not ask its clients for a token, so "
               "any process that reaches its ports can run code as this user. Start Ray with RAY_AUTH_MODE=token "
-              "(README, 'Shared machines and clusters')", file=sys.stderr, flush=True)
+              "(docs/clusters.md, 'Who can reach a run')", file=sys.stderr, flush=True)
     restore_after_ray_init()
 
 

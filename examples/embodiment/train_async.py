@@ -31,7 +31,10 @@ from embodied_async.signals import exit_code, install_driver_handlers, preempted
 register_schema()
 
 
-@hydra.main(config_path="../../configs", config_name="maniskill_async_ppo_mlp", version_base=None)
+DEFAULT_RECIPE = "maniskill_async_ppo_mlp"
+
+
+@hydra.main(config_path="../../configs", config_name=DEFAULT_RECIPE, version_base=None)
 def main(cfg: DictConfig) -> None:
     install_driver_handlers()
     try:
@@ -99,9 +102,7 @@ def refuse_renamed_recipe(argv) -> None:
     """A recipe that was renamed is refused naming its new name (Hydra would only say it is missing)."""
     from embodied_async.config.recipes import check_recipe_name, renamed_recipe
 
-    names = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config-name", "-cn")]
-    names += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config-name=")]
-    for name in filter(renamed_recipe, names):
+    for name in filter(renamed_recipe, recipes_named(argv)):
         try:
             check_recipe_name(name)
         except ConfigError as err:
@@ -109,8 +110,26 @@ def refuse_renamed_recipe(argv) -> None:
             sys.exit(2)
 
 
+def name_log_folder(argv) -> None:
+    """The recipe's log folder, ``logs/<recipe>``, added to ``argv`` where it names none (recipes
+    state none of their own), so Hydra writes ``.hydra/`` there and the run logs there."""
+    from embodied_async.config.recipes import with_log_path
+
+    names = recipes_named(argv)
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    argv.extend(item for item in with_log_path(names[-1] if names else DEFAULT_RECIPE, overrides)
+                if item not in overrides)
+
+
+def recipes_named(argv) -> list:
+    """The recipes ``--config-name`` names in ``argv``."""
+    names = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--config-name", "-cn")]
+    return names + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config-name=")]
+
+
 if __name__ == "__main__":
     refuse_renamed_recipe(sys.argv[1:])
+    name_log_folder(sys.argv)
     try:
         main()
     except KeyboardInterrupt:  # a stop before the run began (composing, fetching the checkpoint)

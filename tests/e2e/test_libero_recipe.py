@@ -8,7 +8,8 @@ import pytest
 from test_failure_drills import assert_no_process_left, sigkill_mid_run
 from test_interrupt_resume import session_processes
 
-pytestmark = pytest.mark.slow  # Ray, worker processes and LIBERO scenes in child processes
+# Ray, worker processes and LIBERO scenes in child processes under .venv-libero (built on first use)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("libero_python_env")]
 
 CHILD_SERVER = "embodied_async.isolated.server"
 

@@ -20,7 +20,12 @@ from embodied_async.registry import build_env, family_config
 from embodied_async.serial_env import SerialEnv
 from envs.libero.libero_env import LiberoEnv, task_places
 
-slow = pytest.mark.slow  # starts LIBERO in child processes (a scene builds in 3-15 s on a CPU)
+
+def slow(test):
+    """Starts LIBERO in child processes under .venv-libero (built on first use; a scene builds in
+    3-15 s on a CPU)."""
+    return pytest.mark.slow(pytest.mark.usefixtures("libero_python_env")(test))
+
 
 FIRST_SPATIAL = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
 

@@ -214,7 +214,7 @@ def test_greedy_tokens_match_reference(name):
                                rtol=1e-6, atol=1e-6)
     logprobs, _, _ = policy.evaluate(out.forward_inputs, out.actions)
     # The fixtures' logits reach ~14 (weights scaled up on purpose): cached decoding vs one
-    # teacher-forced pass then differ at float32 rounding level, ~1e-6 relative (README: eager vs
+    # teacher-forced pass then differ at float32 rounding level, ~1e-6 relative (the fixture's README: eager vs
     # sdpa in the reference itself differ by 2e-5).
     torch.testing.assert_close(logprobs, out.logprobs, atol=1e-5, rtol=1e-5)
 
