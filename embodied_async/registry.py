@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
+import os
 from typing import Any, Callable, Dict, Optional
 
 from embodied_async.config.checks import ConfigError
 from embodied_async.config.schema import EnvConfig, ModelConfig
 from embodied_async.contracts import Env, Policy, missing_members
 
+PROJECT_DISTRIBUTION = "embodied-async"  # whose families must load from beside embodied_async/
 ENTRY_POINT_GROUPS = {"model": "embodied_async.policies", "env": "embodied_async.envs"}
 BASE_CONFIGS = {"model": ModelConfig, "env": EnvConfig}
 PROTOCOLS = {"model": Policy, "env": Env}
@@ -80,11 +83,34 @@ def _discover() -> Dict[str, Dict[str, type]]:
                 continue
             if entry.name in _broken[section]:
                 continue
+            shadowed = _shadowed(entry)
+            if shadowed:
+                _broken[section][entry.name] = f"{origin}: {shadowed}"
+                continue
             try:
                 found[section][entry.name] = _check_family_class(section, entry.name, entry.load(), origin)
             except Exception as err:  # a broken plugin fails only the runs that ask for it
                 _broken[section][entry.name] = f"{origin} could not be loaded: {type(err).__name__}: {err}"
     return found
+
+
+def _shadowed(entry) -> Optional[str]:
+    """Why a family of this project would load another project's code, or None. This project's
+    families live in top-level packages beside ``embodied_async`` (short, common names a user's
+    own folder or another installed package may also take): the one Python finds first must be
+    ours."""
+    if entry.dist is None or entry.dist.name.replace("_", "-") != PROJECT_DISTRIBUTION:
+        return None
+    top = entry.value.split(":")[0].split(".")[0]
+    spec = importlib.util.find_spec(top)
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = os.path.abspath(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations \
+        else (spec.origin if spec else None)
+    if found is not None and os.path.dirname(found) == ours:
+        return None
+    return (f"the package '{top}' Python finds first is {found or 'missing'}, not this project's "
+            f"{os.path.join(ours, top)}: another project's '{top}' shadows it (a folder of that name in the working "
+            f"directory or on PYTHONPATH, or an installed package); run from elsewhere, or uninstall or rename it")
 
 
 def families(section: str, refresh: bool = False) -> Dict[str, type]:

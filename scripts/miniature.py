@@ -18,7 +18,7 @@ the policy's inference and training cost per decision, where the RL phase's time
 95 % interval, the SFT curve and every seed's RL curve.
 
     .venv/bin/python scripts/miniature.py openvla            # or pi0
-    .venv/bin/python scripts/miniature.py openvla env=maniskill_pickcube_rgb_ee --out logs/miniature_openvla_pick
+    .venv/bin/python scripts/miniature.py openvla env.task=PullCube-v1 --out logs/miniature_openvla_pull
     .venv/bin/python scripts/miniature.py pi0 --record benchmarks   # also copy the record there, dated
     .venv/bin/python scripts/miniature.py openvla --rl-seeds 0 1 2    # one SFT checkpoint, three RL runs
 

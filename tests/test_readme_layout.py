@@ -61,3 +61,26 @@ def test_every_manual_page_is_in_the_sites_navigation():
         listed = set(re.findall(r"\| `docs/([\w-]+\.md)` \|", f.read()))
     pages = {name for name in os.listdir(os.path.join(REPO_ROOT, "docs")) if name.endswith(".md")}
     assert listed == pages - {"index.md"}
+
+
+def test_the_recipes_and_env_files_the_docs_name_exist():
+    """Every ``env=<name>`` and every recipe a command in the README, the manual or a script's usage
+    names is a file of configs/ (a renamed one would otherwise rot unseen); the how-tos' recipes too
+    (their env names include a plugin's own)."""
+    def texts(*patterns):
+        for pattern in patterns:
+            for source in glob.glob(pattern, root_dir=REPO_ROOT):
+                with open(os.path.join(REPO_ROOT, source)) as f:
+                    yield source, f.read()
+
+    ours = ("README.md", "docs/*.md", "scripts/*.py", "scripts/*.sh")
+    envs = {(source, name) for source, text in texts(*ours)
+            for name in re.findall(r"(?<=\s)env=([a-z]\w*)(?=[\s`']|$)", text, re.M)}
+    recipes = {(source, name) for source, text in texts(*ours, "examples/embodiment/*.md")
+               for name in re.findall(r"run_async\.sh ([a-z]\w*)(?=[\s`']|$)", text, re.M)}
+    assert len(envs) >= 2 and len(recipes) > 10
+    missing = [(source, f"env/{name}") for source, name in envs
+               if not os.path.isfile(os.path.join(REPO_ROOT, "configs", "env", f"{name}.yaml"))]
+    missing += [(source, name) for source, name in recipes
+                if not os.path.isfile(os.path.join(REPO_ROOT, "configs", f"{name}.yaml"))]
+    assert missing == []

@@ -1,9 +1,13 @@
 """The family registry: lookups, conflicts and the protocol check at build time."""
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
+from conftest import REPO_ROOT
 
 from embodied_async.config import ConfigError
 from embodied_async.config.schema import EnvConfig, ModelConfig
@@ -63,3 +67,19 @@ def test_unknown_names_list_the_registered_families():
     with pytest.raises(ConfigError, match=r"model.name='nope' is not a registered policy family; registered: "
                                           r"cnn, .*mlp.*openvla"):
         family_config("model", "nope")
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_another_projects_package_of_our_top_level_name_is_named_not_loaded(tmp_path):
+    """A folder named like one of this project's family packages, where Python looks first (here the
+    working directory), would stand in for ours: the families it would hide are refused naming it."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    code = ("from embodied_async.config import ConfigError\n"
+            "from embodied_async.registry import family_config\n"
+            "family_config('env', 'maniskill')  # the other package stands beside ours untouched\n"
+            "try:\n    family_config('model', 'mlp')\nexcept ConfigError as err:\n    print(err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"the package 'models' Python finds first is {tmp_path / 'models'}, not this project's " \
+           f"{os.path.join(REPO_ROOT, 'models')}" in proc.stdout

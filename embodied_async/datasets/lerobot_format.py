@@ -135,8 +135,8 @@ def read_info(root: str) -> Dict[str, object]:
     if stills:
         raise DatasetError(f"{os.path.join(root, INFO_PATH)}: the cameras {stills} are images kept inside the parquet "
                            "files (dtype image); this reader takes cameras stored as videos (dtype video), LeRobot's "
-                           "default: use the dataset's video version (e.g. lerobot/libero_spatial for "
-                           "HuggingFaceVLA/libero) or re-encode its cameras as videos")
+                           "default: use the dataset's video version (LeRobot's own copies on the hub keep their "
+                           "cameras as videos) or re-encode its cameras as videos")
     return info
 
 
