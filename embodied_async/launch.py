@@ -1,5 +1,5 @@
 """A training run in a child process, exactly as a user starts one
-(``python examples/embodiment/train_async.py --config-name <recipe> key=value ...``): what the
+(``python -m embodied_async train <recipe> key=value ...``): what the
 pipeline and benchmark scripts use, so each run has a process, a log folder and a Ctrl-C of its own."""
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import Dict, List, Sequence
 from embodied_async.metrics import read_metrics
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENTRY_POINT = os.path.join(REPO_ROOT, "examples", "embodiment", "train_async.py")
 
 
 def training_command(recipe: str, log_path: str, overrides: Sequence[str] = ()) -> List[str]:
     """The command line of a run of ``recipe`` logging to ``log_path``."""
-    return [sys.executable, ENTRY_POINT, "--config-name", recipe, f"runner.logger.log_path={log_path}", *overrides]
+    return [sys.executable, "-m", "embodied_async", "train", recipe, f"runner.logger.log_path={log_path}", *overrides]
 
 
 def train(recipe: str, overrides: Sequence[str], log_path: str) -> List[Dict]:

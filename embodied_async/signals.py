@@ -8,7 +8,7 @@
 
 A scheduler may signal the job's whole process group, and Ray's daemons (raylet, GCS) are
 children of the driver: one SIGTERM to the group would kill them under the driver before it could
-save. So the launcher (``examples/embodiment/train_async.py``) runs the driver in a process group
+save. So the launcher (the ``train`` command, ``cli/train.py``) runs the driver in a process group
 of its own (:func:`run_driver_in_own_group`; the same session, so a terminal still owns it) and
 forwards each signal to it once; the driver handles them here. Should the launcher itself be
 killed outright, the kernel sends the driver SIGTERM.

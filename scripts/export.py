@@ -1,59 +1,18 @@
-"""Export a checkpoint of a run in its policy family's own published format, with a model card.
+"""Moved: ``python -m embodied_async export CHECKPOINT --out DIR ...`` (``embodied_async/cli/export.py``).
+This entry runs it, saying so, for one release."""
 
-    python scripts/export.py CHECKPOINT --out DIR [--stats-key NAME] [--overwrite] [--push-to-hub REPO_ID]
-
-CHECKPOINT is one of our checkpoints (``<log>/checkpoints/global_step_<N>``, PPO or SFT, with or
-without LoRA): OpenVLA goes out in OpenVLA's Hugging Face layout, Pi0 in LeRobot's policy layout,
-the MLP and CNN policies as safetensors + config.json (``model.path`` loads each back). The
-action statistics are filed under ``--stats-key`` (OpenVLA's ``unnorm_key``; default: the task).
-``--push-to-hub`` uploads the finished folder (private; the token from ``hf auth login`` or
-``HF_TOKEN``). Exit code 2 on bad input, with one line naming the problem.
-"""
-
-from __future__ import annotations
-
-import argparse
 import os
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import envs  # noqa: E402,F401  (sets MUJOCO_GL before any simulator is imported)
+from embodied_async.cli import main as cli  # noqa: E402
 
 
 def main(argv=None) -> int:
-    from embodied_async.export import ExportError, export_checkpoint
-    from embodied_async.hub import push_and_report
-
-    args = _parse(argv)
-    try:
-        result = export_checkpoint(args.checkpoint, args.out, args.stats_key, args.overwrite)
-    except ExportError as err:
-        print(f"export error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        print("[export] stopped by Ctrl-C; nothing was written to --out", file=sys.stderr, flush=True)
-        return 130
-    print(f"[export] {result.format} written to {args.out}: {', '.join(sorted(os.listdir(args.out)))}", flush=True)
-    for note in result.notes:
-        print(f"[export] note: {note}", flush=True)
-    if args.push_to_hub:
-        return push_and_report(args.out, args.push_to_hub, "model", not args.public, "export")
-    return 0
-
-
-def _parse(argv):
-    from embodied_async.hub import add_push_arguments
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a run's checkpoint folder (<log>/checkpoints/global_step_<N>)")
-    parser.add_argument("--out", required=True, help="the folder to write (new or empty, or with --overwrite)")
-    parser.add_argument("--stats-key", default=None,
-                        help="the name the action statistics are filed under (OpenVLA's unnorm_key; default: the task)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds files")
-    add_push_arguments(parser, "model")
-    return parser.parse_args(argv)
+    print("[export] scripts/export.py is now 'python -m embodied_async export' (this entry goes in the next release)",
+          file=sys.stderr, flush=True)
+    return cli(["export", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 1. ``collect``: scripted demonstrations of the task into a LeRobot dataset (``collect_demos.py``);
 2. ``sft``: supervised fine-tuning on them (the family's ``maniskill_miniature_sft_*`` recipe),
    evaluated beside training every ``runner.val_check_interval`` steps;
-3. ``eval_sft``: the SFT checkpoint on ``--eval-episodes`` episodes (``eval.py``: greedy tokens
+3. ``eval_sft``: the SFT checkpoint on ``--eval-episodes`` episodes (the ``eval`` command: greedy tokens
    for OpenVLA, ``flow_ode`` for Pi0);
 4. ``rl_seed<S>``: async PPO from that checkpoint (``model.init_from``, the
    ``maniskill_miniature_ppo_*`` recipe, ``runner.seed=S``), evaluated beside training, once per
@@ -350,7 +350,7 @@ class Pipeline:
             report = os.path.join(self.out, f"{name}.json")
             episodes = self.sizes.eval_episodes
             num_envs = max(d for d in range(1, 9) if episodes % d == 0)
-            command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), checkpoint, "--episodes",
+            command = [sys.executable, "-m", "embodied_async", "eval", checkpoint, "--episodes",
                        str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
                        "--json", report, *rule_overrides, *(["--sampled", *sampling] if rule == "sampled" else [])]
             self._call(name, command)

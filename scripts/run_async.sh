@@ -41,17 +41,5 @@ for name in $family_envs; do
     bash scripts/setup.sh --python-env "$name"
 done
 
-log_path=""
-for override in "${overrides[@]}"; do
-    if [[ "$override" == runner.logger.log_path=* ]]; then
-        log_path=${override#runner.logger.log_path=}
-    fi
-done
-if [ -z "$log_path" ]; then
-    log_path="logs/$(date +%Y%m%d-%H%M%S)-$config_name"
-    overrides+=("runner.logger.log_path=$log_path")
-fi
-
-echo "[run_async] recipe: $config_name"
-echo "[run_async] logs:   $log_path"
-exec .venv/bin/python examples/embodiment/train_async.py --config-name "$config_name" "${overrides[@]}"
+# the run names its log folder logs/<time>-<recipe> unless runner.logger.log_path=... does
+exec .venv/bin/python -m embodied_async train "$config_name" "${overrides[@]}"

@@ -1,14 +1,14 @@
-"""scripts/export.py: a run's checkpoint in its family's published format (OpenVLA's Hugging Face
-layout, the state policies' safetensors + config.json), loaded back through ``model.path`` to act
-exactly as the checkpoint did; the layout against the fixture OpenVLA's own code wrote; the model
-card; the refusals; a push to the hub that cannot reach it."""
+"""The export command (python -m embodied_async export): a run's checkpoint in its family's
+published format (OpenVLA's Hugging Face layout, the state policies' safetensors + config.json),
+loaded back through ``model.path`` to act exactly as the checkpoint did; the layout against the
+fixture OpenVLA's own code wrote; the model card; the refusals; a push to the hub that cannot
+reach it."""
 
 import json
 import os
 import subprocess
 import sys
 
-import export  # scripts/export.py
 import numpy as np
 import pytest
 import torch
@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from embodied_async.checkpoint_io import save_tree, write_manifest
+from embodied_async.cli.export import export_command
 from embodied_async.config.recipes import compose_recipe
 from embodied_async.config.validate import to_eval_config
 from embodied_async.registry import build_env, build_policy
@@ -65,7 +66,7 @@ UNREACHABLE_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
 def run_export(*args):
-    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "export.py"), *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "embodied_async", "export", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300, env={**os.environ, **UNREACHABLE_HUB})
 
 
@@ -185,7 +186,7 @@ def test_an_sft_export_files_the_datasets_statistics_and_names_the_dataset(tmp_p
     checkpoint, policy, _ = make_run(str(log), "maniskill_sft_openvla_tiny",
                                      [f"model.path={log}/tiny_openvla", f"dataset.root={root}"], trained_on_the_dataset)
     out = str(tmp_path / "export")
-    assert export.main([checkpoint, "--out", out]) == 0
+    assert export_command([checkpoint, "--out", out]) == 0
     with open(os.path.join(out, "config.json")) as f:
         entry = json.load(f)["norm_stats"]["PushCube-v1"]
     np.testing.assert_allclose(entry["action"]["q99"], actions["q99"])
@@ -211,7 +212,7 @@ def test_an_mlp_export_loads_by_model_path_and_acts_the_same(tmp_path):
     checkpoint, policy, spec = make_run(str(tmp_path / "run"), "maniskill_async_ppo_mlp",
                                         ["model.hidden_sizes=[24,24]"], _train_mlp)
     out = str(tmp_path / "export")
-    assert export.main([checkpoint, "--out", out]) == 0
+    assert export_command([checkpoint, "--out", out]) == 0
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"]
     # the recipe's default widths differ: the folder's architecture wins
     raw = compose_recipe("maniskill_async_ppo_mlp", [f"model.path={out}"])
@@ -223,7 +224,7 @@ def test_an_mlp_export_loads_by_model_path_and_acts_the_same(tmp_path):
     torch.testing.assert_close(got.values, want.values, rtol=0, atol=0)
     # a run that started from the export, under the recipe's widths, exports the export's architecture
     again, _, _ = make_run(str(tmp_path / "run2"), "maniskill_async_ppo_mlp", [f"model.path={out}"], lambda p: None)
-    assert export.main([again, "--out", str(tmp_path / "export2")]) == 0
+    assert export_command([again, "--out", str(tmp_path / "export2")]) == 0
     with open(tmp_path / "export2" / "config.json") as f:
         assert json.load(f)["architecture"]["hidden_sizes"] == [24, 24]
 
@@ -231,7 +232,7 @@ def test_an_mlp_export_loads_by_model_path_and_acts_the_same(tmp_path):
 # ---- refusals and the hub ------------------------------------------------------------------------
 
 def test_what_is_not_our_checkpoint_is_refused_in_one_line(tmp_path, capsys):
-    assert export.main([reference_fixture("openvla_tiny_a"), "--out", str(tmp_path / "out")]) == 2
+    assert export_command([reference_fixture("openvla_tiny_a"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a checkpoint" in err and "embodied_async runs" in err
     assert not os.path.exists(tmp_path / "out")
@@ -241,7 +242,7 @@ def test_an_occupied_out_folder_is_refused_unless_overwrite(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert export.main([str(tmp_path / "no_checkpoint"), "--out", str(out)]) == 2
+    assert export_command([str(tmp_path / "no_checkpoint"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--overwrite" in err and (out / "keep.txt").read_text() == "mine"
 
@@ -253,12 +254,12 @@ def test_overwrite_replaces_an_export_and_out_may_not_overlap_what_it_reads(tmp_
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("an earlier export")
-    assert export.main([checkpoint, "--out", str(out), "--overwrite"]) == 0
+    assert export_command([checkpoint, "--out", str(out), "--overwrite"]) == 0
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"]
     assert [p for p in os.listdir(tmp_path) if "export-" in p] == []  # no temporary folder left
     capsys.readouterr()
     for overlapping in (tmp_path / "run", os.path.join(checkpoint, "hf"), checkpoint, tmp_path):
-        assert export.main([checkpoint, "--out", str(overlapping), "--overwrite"]) == 2
+        assert export_command([checkpoint, "--out", str(overlapping), "--overwrite"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "overlaps" in err, err
     assert os.path.isfile(os.path.join(checkpoint, "manifest.json")) and not os.path.exists(os.path.join(checkpoint,
@@ -293,7 +294,7 @@ def test_a_family_without_a_published_format_is_refused(tmp_path, capsys, monkey
     checkpoint, _, _ = make_run(str(tmp_path / "run"), "maniskill_async_ppo_mlp", ["model.hidden_sizes=[8]"],
                                 lambda policy: None)
     monkeypatch.setattr(MLPConfig, "exporter", None)
-    assert export.main([checkpoint, "--out", str(tmp_path / "out")]) == 2
+    assert export_command([checkpoint, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'mlp' policy family has no published format" in err
     assert not os.path.exists(tmp_path / "out")

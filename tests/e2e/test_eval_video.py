@@ -46,7 +46,7 @@ def test_training_writes_evaluation_videos_and_eval_py_scores_the_checkpoint(tmp
 
     checkpoint = log_path / "checkpoints" / "global_step_1"
     report_path = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), str(checkpoint),
+    proc = subprocess.run([sys.executable, "-m", "embodied_async", "eval", str(checkpoint),
                            "--episodes", "4", "--num-envs", "2", "--video-dir", str(tmp_path / "eval_videos"),
                            "--videos", "1", "--json", str(report_path), "env.video_size=[64,64]"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
@@ -61,12 +61,12 @@ def test_training_writes_evaluation_videos_and_eval_py_scores_the_checkpoint(tmp
     assert len(check_videos(tmp_path / "eval_videos", (64, 64), "push the cube to the goal region")) == 1
 
 
-def test_eval_py_names_a_bad_target_and_the_fix(tmp_path):
+def test_eval_names_a_bad_target_and_the_fix(tmp_path):
     fake = tmp_path / "checkpoints" / "global_step_3"
     fake.mkdir(parents=True)
     (fake / "runner.json").write_text("{}")
     (fake / "model.json").write_text("{}")
-    command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), str(fake)]
+    command = [sys.executable, "-m", "embodied_async", "eval", str(fake)]
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("eval error:")
     assert "holds runner.json but no manifest.json: a checkpoint that was never completed" in proc.stderr
@@ -74,3 +74,11 @@ def test_eval_py_names_a_bad_target_and_the_fix(tmp_path):
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("eval error:")
     assert ".hydra/config.yaml is missing" in proc.stderr and "--recipe" in proc.stderr
+
+
+def test_the_old_eval_script_says_where_it_went_and_runs_the_command(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "eval.py"), str(tmp_path / "nothing")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    first, second = proc.stderr.splitlines()[:2]
+    assert first.startswith("[eval] scripts/eval.py is now 'python -m embodied_async eval'")
+    assert proc.returncode == 2 and second.startswith("eval error:") and "nothing" in second

@@ -65,7 +65,7 @@ def test_sigusr1_saves_and_goes_on_then_sigterm_to_the_group_saves_exits_143_and
     assert checkpoint.name != os.path.basename(warned)  # the stop saved the updates since
     saved_lines = [line for line in output.splitlines() if "checkpoint saved:" in line]
     assert len(saved_lines) == len(set(saved_lines)), output[-3000:]  # no step's checkpoint written twice
-    stopped = [line for line in output.splitlines() if line.startswith("[train_async] stopped by SIGTERM")]
+    stopped = [line for line in output.splitlines() if line.startswith("[train] stopped by SIGTERM")]
     assert len(stopped) == 1 and str(checkpoint) in stopped[0], output[-3000:]
     command = re.search(r"resume with:  (.*)$", stopped[0]).group(1)
     assert command.startswith("bash scripts/run_async.sh ") and f"runner.resume_dir={checkpoint}" in command

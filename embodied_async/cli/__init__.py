@@ -1,0 +1,54 @@
+"""One command line for what a user runs: ``python -m embodied_async <command> [arguments]``.
+
+A command is a row of ``COMMANDS``: its one-line summary and the function that runs it (``argv ->
+exit code``), imported only when that command runs, so ``--help`` and the training launcher stay
+light. Every command reports errors through one table (``cli/errors.py``). ``bash
+scripts/run_async.sh`` and ``examples/embodiment/train_async.py`` are entries to ``train``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Command:
+    summary: str
+    target: str  # "module:function", the function taking the command's arguments, returning its exit code
+
+
+COMMANDS = {
+    "train": Command("train a recipe: train RECIPE [key=value ...] (bash scripts/run_async.sh: the default recipe)",
+                     "embodied_async.cli.train:train_command"),
+    "plan": Command("print a recipe's placement, batch arithmetic and memory per GPU, starting nothing: "
+                    "plan RECIPE [key=value ...]", "embodied_async.cli.train:plan_command"),
+    "eval": Command("score a checkpoint or a model on N episodes with a 95 % interval: eval TARGET --episodes N",
+                    "embodied_async.cli.evaluate:eval_command"),
+    "export": Command("write a checkpoint in its policy family's published format with a model card: "
+                      "export CHECKPOINT --out DIR", "embodied_async.cli.export:export_command"),
+    "recipes": Command("list the recipes of configs/ and what each runs", "embodied_async.cli.recipes:recipes_command"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items())
+    return (f"usage: python -m embodied_async <command> [arguments]\n\ncommands:\n{rows}\n\n"
+            "'python -m embodied_async <command> --help' describes a command's arguments.")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, arguments = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: no command {name!r}; the commands: {', '.join(COMMANDS)} "
+              "('python -m embodied_async --help' says what each does)", file=sys.stderr)
+        return 2
+    module, _, function = COMMANDS[name].target.partition(":")
+    return getattr(importlib.import_module(module), function)(arguments)

@@ -1,0 +1,181 @@
+"""``eval``: a policy scored on N episodes, the success rate with its 95 % interval, episode length
+and return, and videos.
+
+    python -m embodied_async eval CHECKPOINT_OR_MODEL --episodes N [--video-dir DIR] [key=value ...]
+
+CHECKPOINT_OR_MODEL is either a checkpoint folder of a run (``<log>/checkpoints/global_step_<N>``:
+the run's composed config is read from ``<log>/.hydra/config.yaml``), or a model (a checkpoint
+folder of OpenVLA or LeRobot's Pi0, or a hub repo id) evaluated under ``--recipe`` (by default the
+family's recipe). ``key=value`` overrides apply on top, e.g. ``env=robosuite_lift`` or
+``env.max_episode_steps=80``. Prints a JSON report (also written to ``--json``) and a one-line
+summary; exit code 2 on bad input (a config, checkpoint or env that cannot be used here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from embodied_async.cli.errors import CommandError, report
+
+
+def eval_command(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        cfg, checkpoint = load_config(args)
+        result = evaluate(cfg, checkpoint, args)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (the table decides: a bug keeps its traceback)
+        return report(err, "eval")
+    print_report(result, args)
+    return 0
+
+
+def print_report(report: dict, args) -> None:
+    """The JSON report (and ``--json``'s file), then one line of summary and one per task."""
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    low, high = report["success_rate_ci95"]
+    videos = f"; {len(report['videos'])} videos in {args.video_dir}" if report["videos"] else ""
+    success = "n/a (the task reports none)" if report["success_rate"] is None else \
+        f"{report['success_rate']:.3f} (95% CI {low:.3f}-{high:.3f})"
+    what = f"{len(report['per_task'])} tasks" if len(report["per_task"]) > 1 else report["task"]
+    print(f"[eval] success {success} over {report['episodes']} episodes of {what}, mean length "
+          f"{report['episode_length']:.1f} env steps, mean return {report['episode_return']:.3f}{videos}", flush=True)
+    for task, rate in report["per_task"].items():  # env.tasks: each task's share of the episodes
+        low, high = report["per_task_ci95"][task]
+        interval = "" if rate is None else f"{rate:.3f} (95% CI {low:.3f}-{high:.3f})"
+        print(f"[eval]   {task}: success {interval or 'n/a'} over {report['per_task_episodes'][task]} episodes",
+              flush=True)
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m embodied_async eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help="a run's checkpoint folder, or a model folder / hub repo id")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--num-envs", type=int, default=None,
+                        help="sub-envs stepped together (default: up to 8; one per task of env.tasks)")
+    parser.add_argument("--video-dir", default=None, help="write the first --videos episodes here as mp4 + JSON")
+    parser.add_argument("--videos", type=int, default=4,
+                        help="record the first episode of this many sub-envs (with --video-dir; at most --num-envs)")
+    parser.add_argument("--recipe", default=None, help="the recipe a model is evaluated under (default: its family's), "
+                                                       "or a checkpoint instead of its run's saved config")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="env seed (default: the run's evaluation seed, not its training episodes)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--json", default=None, help="also write the report to this file")
+    parser.add_argument("--sampled", action="store_true",
+                        help="act with the sampled policy (the one RL trains; seeded by --seed) instead of the "
+                             "deterministic decision rule (greedy tokens, flow_ode, the Gaussian's mean)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    if args.episodes < 1:
+        parser.error("--episodes must be at least 1")
+    return args
+
+
+def load_config(args):
+    """(validated TrainConfig, the checkpoint folder or None)."""
+    from embodied_async.config import ConfigError
+    from embodied_async.config.recipes import target_config
+    from embodied_async.config.validate import to_eval_config
+
+    try:
+        raw, checkpoint = target_config(args.target, args.overrides, args.recipe)
+        # this process evaluates on --device: the run's placement is not used
+        raw.cluster.device_type = "cpu"
+        raw.runner.dry_run = False
+        return to_eval_config(raw), checkpoint
+    except ConfigError as err:
+        raise CommandError(str(err)) from None
+
+
+def sub_env_count(cfg, args) -> int:
+    """``--num-envs``, by default up to 8 sub-envs, one per task under env.tasks (sub-env i runs task
+    i mod their number; a sub-env in a child process can be a ~2 GB process); each task gets as many
+    episodes."""
+    tasks = len(cfg.env.tasks) or 1
+    num_envs = args.num_envs or (tasks if cfg.env.tasks else max(d for d in range(1, 9) if args.episodes % d == 0))
+    if num_envs % tasks:
+        raise CommandError(f"--num-envs {num_envs} must be a multiple of the {tasks} env.tasks, so each task has as "
+                           "many episodes")
+    if args.episodes % num_envs:
+        raise CommandError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}")
+    return num_envs
+
+
+def evaluate(cfg, checkpoint, args) -> dict:
+    import dataclasses
+
+    import torch
+
+    from embodied_async.checkpoint_io import CheckpointError
+    from embodied_async.evaluation import evaluation_seed, run_episodes, write_videos
+    from embodied_async.registry import build_env, build_policy
+    from embodied_async.run_folder import load_policy_weights
+
+    num_envs = sub_env_count(cfg, args)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and cfg.env.simulates_on_gpu():
+        raise CommandError(f"the env ({cfg.env.name} '{cfg.env.task_name()}') simulates on a GPU and this "
+                           "evaluation runs without one: pass env=<an env yaml> or env.sim_backend=cpu where the task "
+                           "supports it")
+    try:
+        cfg.model.fetch()
+    except FileNotFoundError as err:
+        raise CommandError(str(err)) from None
+    env_cfg = dataclasses.replace(cfg.env, render_video=bool(args.video_dir))
+    if args.video_dir:
+        from embodied_async.config import ConfigError
+
+        try:
+            env_cfg.check_video()
+        except ConfigError as err:
+            raise CommandError(f"--video-dir cannot be used with this env: {err}") from None
+    seed = args.seed if args.seed is not None else evaluation_seed(cfg.runner.seed)  # the run's evaluation seed
+    started = time.time()
+    print(f"[eval] building the {cfg.env.name} env ({num_envs} sub-envs) and the {cfg.model.name} policy on {device}",
+          flush=True)
+    try:
+        env = build_env(env_cfg, num_envs, seed)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:  # a camera, assets, rendering
+        raise CommandError(f"cannot build the env: {err}") from None
+    try:
+        try:
+            policy = build_policy(cfg.model, env.spec, device=device).eval()
+        except (ValueError, FileNotFoundError, KeyError) as err:
+            raise CommandError(f"cannot build the policy: {err}") from None
+        if checkpoint is not None:
+            try:
+                load_policy_weights(policy, checkpoint, "eval")
+            except (CheckpointError, KeyError, ValueError) as err:
+                raise CommandError(f"cannot load {checkpoint}: {err}") from None
+        print(f"[eval] running {args.episodes} episodes", flush=True)
+        torch.manual_seed(seed)  # the sampled policy's draws repeat with the episodes
+        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=seed,
+                              mode="train" if args.sampled else "eval")
+    finally:
+        env.close()
+    paths = write_videos(result.videos, args.video_dir, cfg.runner.eval_video_fps) if args.video_dir else []
+    summary = result.summary(env.spec.reports_success)
+    task = cfg.env.task_name()
+    report = {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
+              "task": task, "seed": seed, "decision_rule": "sampled" if args.sampled else "deterministic",
+              **summary, "episode_successes": result.successes, "videos": paths,
+              "seconds": round(time.time() - started, 1)}
+    return _json_safe(report)
+
+
+def _json_safe(value):
+    """NaN (a task that reports no success) as null: JSON has no NaN."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
