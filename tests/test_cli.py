@@ -81,10 +81,16 @@ def test_plan_prints_a_gpu_recipes_placement_without_a_gpu_and_refuses_a_bad_key
     assert main(["plan"]) == 2
 
 
-def test_train_asks_for_a_recipe(capsys):
+def test_train_asks_for_a_recipe_and_refuses_one_configs_lacks_before_starting(capsys):
     assert main(["train"]) == 2
     assert main(["train", "runner.max_steps=1"]) == 2
     assert "name the recipe first" in capsys.readouterr().err
+    assert main(["train", "maniskill_async_ppo_mpl", "runner.max_steps=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: no recipe 'maniskill_async_ppo_mpl' (configs/maniskill_async_ppo_mpl.yaml); "
+                          "the recipes: ") and "maniskill_async_ppo_mlp" in err
+    assert main(["train", "maniskill_async_ppo_openpi_tiny"]) == 2
+    assert "is now 'maniskill_async_ppo_pi0_tiny'" in capsys.readouterr().err
 
 
 @pytest.mark.slow

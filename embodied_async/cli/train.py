@@ -38,6 +38,9 @@ def train_command(argv: Sequence[str]) -> int:
         return 2
     if not is_driver():  # the launcher: light, it imports nothing that runs the graph
         arguments = hydra_arguments(argv)
+        refused = refuse_unknown_recipe(arguments)
+        if refused:
+            return refused
         named = [arg for arg in arguments if arg.startswith(LOG_PATH_OVERRIDE)]
         extra = [] if named else [f"{LOG_PATH_OVERRIDE}logs/{time.strftime('%Y%m%d-%H%M%S')}-{recipe_of(arguments)}"]
         print(f"[train] recipe: {recipe_of(arguments)}; logs: {(named or extra)[-1][len(LOG_PATH_OVERRIDE):]}",
@@ -75,6 +78,24 @@ def plan_command(argv: Sequence[str]) -> int:
     except Exception as err:  # noqa: BLE001 (the table decides: bad input is one line, a bug keeps its traceback)
         return report(err, "plan")
     print(describe(cfg, topology), flush=True)
+    return 0
+
+
+def refuse_unknown_recipe(arguments: Sequence[str]) -> int:
+    """A recipe configs/ does not hold, refused before anything starts naming the recipes there (or
+    a renamed one's new name); 0 when it is there, or when the command line adds config folders of
+    its own (``--config-dir``, ``hydra.searchpath``), where Hydra looks for it."""
+    from embodied_async.cli.errors import report
+    from embodied_async.config.recipes import check_recipe_name
+
+    own_folders = any(arg in ("--config-dir", "-cd") or arg.startswith(("--config-dir=", "hydra.searchpath="))
+                      for arg in arguments)
+    if own_folders:
+        return 0
+    try:
+        check_recipe_name(recipe_of(arguments))
+    except Exception as err:  # noqa: BLE001 (a ConfigError: the table's line)
+        return report(err, "train")
     return 0
 
 
