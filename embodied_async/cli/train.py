@@ -16,9 +16,10 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
+from embodied_async.config.recipes import LOG_PATH_KEY
 from embodied_async.signals import is_driver, run_driver_in_own_group
 
-LOG_PATH_OVERRIDE = "runner.logger.log_path="
+LOG_PATH_OVERRIDE = f"{LOG_PATH_KEY}="
 HELP = __doc__.split("\n\n")[0] + """
 
 usage: python -m embodied_async train RECIPE [key=value ...] [Hydra's options]

@@ -6,9 +6,10 @@ default recipe."""
 import sys
 
 from embodied_async.cli import main
+from embodied_async.cli.train import recipe_of
 
 DEFAULT_RECIPE = "maniskill_async_ppo_mlp"
 
 if __name__ == "__main__":
-    named = any(arg in ("--config-name", "-cn") or arg.startswith("--config-name=") for arg in sys.argv[1:])
-    sys.exit(main(["train", *sys.argv[1:], *([] if named else ["--config-name", DEFAULT_RECIPE])]))
+    default = [] if recipe_of(sys.argv[1:]) else ["--config-name", DEFAULT_RECIPE]
+    sys.exit(main(["train", *sys.argv[1:], *default]))
