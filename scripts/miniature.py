@@ -1,6 +1,6 @@
 """The RL4VLA story in miniature, on a CPU: for a tiny random-init VLA family, one command runs
 
-1. ``collect``: scripted demonstrations of the task into a LeRobot dataset (``collect_demos.py``);
+1. ``collect``: scripted demonstrations of the task into a LeRobot dataset (the ``collect`` command);
 2. ``sft``: supervised fine-tuning on them (the family's ``maniskill_miniature_sft_*`` recipe),
    evaluated beside training every ``runner.val_check_interval`` steps;
 3. ``eval_sft``: the SFT checkpoint on ``--eval-episodes`` episodes (the ``eval`` command: greedy tokens
@@ -266,9 +266,10 @@ class Pipeline:
     def _collect(self) -> Dict:
         demos = os.path.join(self.out, "demos")
         shutil.rmtree(demos, ignore_errors=True)  # an unfinished collection is made anew, not appended to
-        command = [sys.executable, os.path.join(REPO_ROOT, "scripts", "collect_demos.py"), self.family.sft_recipe,
+        command = [sys.executable, "-m", "embodied_async", "collect", self.family.sft_recipe,
                    "--source", "scripted", "--episodes", str(self.sizes.demos), "--out", demos,
                    "--num-workers", "2" if self.sizes.demos > 1 else "1", "--seed", str(self.args.seed),
+                   f"runner.logger.log_path={os.path.join(self.out, 'collect_log')}",
                    *self.common, "env.num_action_chunks=1"]  # recorded one action a frame, whatever the chunk
         self._call("collect", command)
         with open(os.path.join(demos, "meta", "info.json")) as f:

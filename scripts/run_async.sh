@@ -13,7 +13,7 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
     exit 0
 fi
 
-config_name=maniskill_async_ppo_mlp
+config_name=$(sed -n 's/^name: *//p' configs/defaults/recipe.yaml)  # the default recipe
 if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then
     config_name=$1
     shift

@@ -24,7 +24,7 @@ def test_without_a_command_it_prints_the_commands_and_an_unknown_one_is_named(ca
     assert all(f"  {name} " in listed for name in COMMANDS)
     assert main(["--help"]) == 0 and "train" in capsys.readouterr().out
     assert main(["trian"]) == 2
-    assert "no command 'trian'; the commands: train, plan, eval, export, recipes" in capsys.readouterr().err
+    assert "no command 'trian'; the commands: train, plan, collect, eval, export, recipes" in capsys.readouterr().err
 
 
 def test_every_command_names_a_function_that_exists():

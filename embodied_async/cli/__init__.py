@@ -25,6 +25,8 @@ COMMANDS = {
                      "embodied_async.cli.train:train_command"),
     "plan": Command("print a recipe's placement, batch arithmetic and memory per GPU, starting nothing: "
                     "plan RECIPE [key=value ...]", "embodied_async.cli.train:plan_command"),
+    "collect": Command("record episodes of a scripted expert or a teacher checkpoint as a LeRobot dataset: "
+                       "collect ENV --source S --episodes N --out DIR", "embodied_async.cli.collect:collect_command"),
     "eval": Command("score a checkpoint or a model on N episodes with a 95 % interval: eval TARGET --episodes N",
                     "embodied_async.cli.evaluate:eval_command"),
     "export": Command("write a checkpoint in its policy family's published format with a model card: "

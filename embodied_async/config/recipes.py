@@ -19,6 +19,14 @@ GROUPS = ("env", "model")
 LOG_PATH_KEY = "runner.logger.log_path"
 
 
+def default_recipe() -> str:
+    """The recipe ``configs/defaults/recipe.yaml`` names: trained when none is named, and the one
+    an env yaml alone is composed into."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(os.path.join(CONFIG_DIR, "defaults", "recipe.yaml")).name)
+
+
 def recipe_names() -> list:
     names = (name[:-5] for name in os.listdir(CONFIG_DIR) if name.endswith(".yaml"))
     return sorted(name for name in names if name != "train_schema")
@@ -195,21 +203,17 @@ def target_config(target: str, overrides: Sequence[str] = (), recipe: Optional[s
     return model_config(target, recipe, overrides), None
 
 
-def env_config(target: str, overrides: Sequence[str], default_recipe: str):
-    """The validated env config of an env yaml (``configs/env/<target>.yaml``, composed into
-    ``default_recipe``) or of a recipe, composed for this machine's CPU."""
-    from embodied_async.config.validate import to_train_config
-
+def env_target_config(target: str, overrides: Sequence[str]):
+    """The composed config (not yet validated) of an env yaml (``configs/env/<target>.yaml``,
+    composed into the default recipe) or of a recipe: what a collection is pointed at."""
     if os.path.isfile(os.path.join(CONFIG_DIR, "env", f"{target}.yaml")):
-        recipe, overrides = default_recipe, [f"env={target}", *overrides]
+        recipe, overrides = default_recipe(), [f"env={target}", *overrides]
     elif os.path.isfile(os.path.join(CONFIG_DIR, f"{target}.yaml")):
         recipe = target
     else:
         raise ConfigError(f"{target!r} is neither an env yaml of configs/env/ ({', '.join(group_names('env'))}) nor "
                           "a recipe of configs/: fix the name")
-    raw = compose_recipe(recipe, overrides)
-    raw.cluster.device_type = "cpu"  # only the env section is used, on this machine
-    return to_train_config(raw).env
+    return compose_recipe(recipe, overrides)
 
 
 def family_python_envs(recipe: str, overrides: Sequence[str] = ()) -> list:

@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Tuple
 
+from embodied_async.config.collect import CollectConfig
+
 try:
     from omegaconf import MISSING
 except ImportError:  # scripts/gpu_check.py reads these classes on machines without omegaconf
@@ -21,8 +23,7 @@ except ImportError:  # scripts/gpu_check.py reads these classes on machines with
 
 @dataclass
 class ClusterConfig:
-    # "ray": every worker is its own process; "local": the whole graph runs in this process
-    # (threads), for tests and debugging.
+    # "ray": every worker is its own process; "local": the whole graph in this process (threads), for tests
     backend: str = "ray"
     # "auto": placement ids are GPUs when this machine has GPUs, CPU process slots otherwise.
     # "gpu": ids must be GPUs (fails at start-up where there are none). "cpu": always CPU slots.
@@ -31,8 +32,7 @@ class ClusterConfig:
     # component name(s) -> device ids, e.g. {"env,rollout,actor": "0-3"} or {"actor": "0-3", "env": "0-1",
     # "rollout": "2-3"}; ids as "0-3", "0,2,4-7" or "all" (no default: every recipe states its placement)
     component_placement: Dict[str, str] = field(default_factory=dict)
-    # torch intra-op threads per worker process on CPU (many processes share few cores).
-    cpu_threads_per_worker: int = 1
+    cpu_threads_per_worker: int = 1  # torch intra-op threads per worker process on CPU (many share few cores)
     # under Ray: "auto": point to point over a Unix socket where sender and receiver share a node, through a
     # channel actor otherwise; "ray": always channel actors (slower; scripts/benchmark_throughput.py compares)
     channel_transport: str = "auto"
@@ -78,7 +78,7 @@ class EnvConfig:
     video_size: List[int] = field(default_factory=lambda: [256, 256])  # [height, width]
     # observations also carry "privileged_states" [B, D] float32: the vector the task gives in its
     # state observation mode (object poses included), for a state policy acting as the teacher
-    # while the env renders what a VLA sees (scripts/collect_demos.py turns it on)
+    # while the env renders what a VLA sees (a teacher's collection, runner.mode=collect, turns it on)
     privileged_states: bool = False
     # several tasks of the family in one run (Meta-World MT10 style): sub-env i of every policy
     # batch runs tasks[i % len(tasks)] in place of the family's own task key (task_key), so each
@@ -95,7 +95,7 @@ class EnvConfig:
     # the family's key naming its robot (e.g. "robot"); None: the task decides the robot
     robot_key: ClassVar[Optional[str]] = None
     # keys beside the task and the robot that decide what an action does (e.g. "control_mode"): a
-    # teacher's actions mean the same only where they agree (scripts/collect_demos.py)
+    # teacher's actions mean the same only where they agree (runner.mode=collect)
     control_keys: ClassVar[Tuple[str, ...]] = ()
     # keys renamed since the last release (old -> new): a value under the old name still works,
     # with a warning naming the new one (the family keeps the old field, default None, until then)
@@ -182,8 +182,7 @@ class ModelConfig:
     """
 
     name: str = MISSING  # the family: a registered name (registry.families("model"))
-    # "float32" | "bfloat16": the actor's compute precision (FSDP mixed precision); trainable
-    # parameters stay float32
+    # "float32" | "bfloat16": the actor's compute precision (FSDP mixed precision); trainable ones stay float32
     precision: str = "float32"
     # a checkpoint folder of one of our runs (e.g. an SFT run's global_step_<N>) whose weights
     # and observation statistics the policy starts from; counters, optimiser state and the run's
@@ -202,13 +201,13 @@ class ModelConfig:
     # the module holding the family's dry-run arithmetic (see memory_estimate)
     memory_model: ClassVar[Optional[str]] = None
     # the recipe a model of this family (a folder or hub id, not a run's checkpoint) is evaluated
-    # under by default (scripts/eval.py); None: the user names one
+    # under by default (the eval command); None: the user names one
     default_recipe: ClassVar[Optional[str]] = None
     # parts of recipe names this family's recipes no longer use, and what stands there now: a
     # recipe named the old way is refused naming the new name
     renamed_recipe_parts: ClassVar[Dict[str, str]] = {}
     # "module:callable" writing a trained policy in the family's own published format
-    # (``embodied_async.export.ExportRequest -> ExportResult``, scripts/export.py); None: the
+    # (``embodied_async.export.ExportRequest -> ExportResult``, the export command); None: the
     # family has none, and an export is refused naming it
     exporter: ClassVar[Optional[str]] = None
 
@@ -413,9 +412,7 @@ class LoggerConfig:
 
 @dataclass
 class RunnerConfig:
-    # "ppo": the async graph (env -> rollout -> actor); "sft": supervised steps on `dataset`
-    # (the same trainer core; the rollout only evaluates)
-    mode: str = "ppo"
+    mode: str = "ppo"  # one of RUNNER_MODES (below)
     max_steps: int = 200  # training steps (PPO updates, or SFT optimiser steps)
     max_env_steps: Optional[int] = None  # stop earlier once this many env steps were consumed
     # stop earlier once an evaluation's success rate reaches this (needs val_check_interval > 0)
@@ -466,10 +463,12 @@ class TrainConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     sft: SupervisedConfig = field(default_factory=SupervisedConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
 
 
-# runner.mode -> what the runner trains: "ppo" (the async graph) or "sft" (supervised steps)
-RUNNER_MODES = ("ppo", "sft")
+# runner.mode -> what the runner does: "ppo" (the async graph), "sft" (supervised steps), "collect"
+# (episodes of a source into a dataset; it runs on any recipe's config, reading none of training)
+RUNNER_MODES = ("ppo", "sft", "collect")
 # what only one runner.mode reads: whole sections, or "section.key". Set to anything but its
 # default in another mode, a key would do nothing there, so validation refuses it
 MODE_ONLY = {
@@ -478,6 +477,7 @@ MODE_ONLY = {
             "actor.critic_warmup_steps", "actor.policy_lr_warmup_steps", "actor.policy_lr_schedule",
             "actor.policy_min_lr_ratio", "actor.frozen_parameter_prefixes"),
     "sft": ("sft", "dataset.validation_fraction"),
+    "collect": ("collect",),
 }
 
 

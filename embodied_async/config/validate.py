@@ -17,13 +17,12 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
+from embodied_async.config.mode_checks import check_mode
 from embodied_async.config.schema import (
     LOGPROB_TYPES,
     PRECISIONS,
-    RUNNER_MODES,
     LoggerConfig,
     TrainConfig,
-    mode_only_keys,
     schema_default,
 )
 from embodied_async.config.topology import Topology, resolve_topology
@@ -124,7 +123,7 @@ def to_train_config(cfg: Any) -> TrainConfig:
 
 
 def to_eval_config(cfg: Any) -> TrainConfig:
-    """The config of a process that only evaluates (``scripts/eval.py``): every check but those of
+    """The config of a process that only evaluates (the ``eval`` command): every check but those of
     how training batches split over the run's processes (its env is built at its own size)."""
     return resolve(cfg, evaluation=True)[0]
 
@@ -133,8 +132,10 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
     """Semantic checks that the type system cannot express; returns the resolved topology
     (``evaluation``: without the checks of how training batches split).
 
-    Cheap checks first: the families' own checks come last (one may import its simulator).
+    Cheap checks first: the families' own checks come last (one may import its simulator). A
+    collection (``runner.mode: collect``) reads nothing of training: it is checked as an evaluation.
     """
+    evaluation = evaluation or cfg.runner.mode == "collect"
     choice(cfg.cluster.backend, "cluster.backend", ("ray", "local"))
     choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
     choice(cfg.cluster.channel_transport, "cluster.channel_transport", ("auto", "ray"))
@@ -156,8 +157,9 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
         _check_resume_dir(cfg.runner.resume_dir, "runner.resume_dir")
     if cfg.model.init_from is not None:
         _check_resume_dir(cfg.model.init_from, "model.init_from")
-    _check_supervised(cfg)
-    _check_advantages(cfg, topology)
+    check_mode(cfg)
+    if cfg.runner.mode != "collect":
+        _check_advantages(cfg, topology)
     if not evaluation:
         _check_demonstrations(cfg, topology.actor_world_size)
     _check_tasks(cfg, None if evaluation else topology)
@@ -454,42 +456,6 @@ def _check_video(cfg: TrainConfig) -> None:
     cfg.env.check_video()
     positive(cfg.runner.eval_video_episodes, "runner.eval_video_episodes")
     positive(cfg.runner.eval_video_fps, "runner.eval_video_fps")
-
-
-def _check_supervised(cfg: TrainConfig) -> None:
-    choice(cfg.runner.mode, "runner.mode", RUNNER_MODES)
-    _refuse_other_modes_keys(cfg)
-    if cfg.runner.mode != "sft":
-        return
-    require(cfg.dataset.root is not None, "runner.mode=sft needs dataset.root: a LeRobot dataset folder (e.g. one "
-                                          "scripts/collect_demos.py wrote) or a Hugging Face dataset repo id")
-    bound(cfg.dataset.validation_fraction, "dataset.validation_fraction", lambda v: 0.0 <= v < 1.0,
-          "must be in [0, 1)", "it is the share of episodes held out: use e.g. 0.1, or 0 for none")
-    bound(cfg.dataset.recorded_hz, "dataset.recorded_hz", lambda v: v > 0, "must be > 0",
-          "the rate the frames were recorded at, e.g. 20", null="to take the dataset's fps")
-    for key in ("dataset.window_episodes", "dataset.cache_episodes", "sft.validation_batches"):
-        section, name = key.split(".")
-        positive(getattr(getattr(cfg, section), name), key)
-    bound(cfg.dataset.num_workers, "dataset.num_workers", lambda v: v >= 0, "must be >= 0",
-          "use 0 to decode in the trainer, or N processes per trainer rank")
-    choice(cfg.sft.lr_schedule, "sft.lr_schedule", ("cosine", "constant"))
-    bound(cfg.sft.lr_warmup_steps, "sft.lr_warmup_steps", lambda v: v >= 0, "must be >= 0", "use 0 for none")
-    bound(cfg.sft.min_lr_ratio, "sft.min_lr_ratio", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]",
-          "the cosine schedule ends at this fraction of actor.lr: use e.g. 0.1")
-
-
-def _refuse_other_modes_keys(cfg: TrainConfig) -> None:
-    """A key that only another ``runner.mode`` reads (``MODE_ONLY_KEYS``) keeps its schema default:
-    set, this mode would ignore it."""
-    for owner in RUNNER_MODES:
-        if owner == cfg.runner.mode:
-            continue
-        for key in mode_only_keys(owner):
-            section, name = key.split(".")
-            value, default = getattr(getattr(cfg, section), name), schema_default(key)
-            require(value == default,
-                    f"{key}={value} with runner.mode={cfg.runner.mode}: only runner.mode={owner} reads it, and this "
-                    f"run would ignore it; remove it (its default is {default!r})")
 
 
 def _check_resume_dir(path: str, key: str) -> None:

@@ -43,7 +43,7 @@ DEFAULT_FEATURES: Dict[str, Dict[str, object]] = {
 NUMBER_DTYPES = ("float32", "float64", "int64", "int32", "bool")
 # the fixes a refusal of damaged data names: our datasets come from the collector, others from a
 # copy or a download that can be made again
-FIX_RECOLLECT = "re-collect the dataset with scripts/collect_demos.py"
+FIX_RECOLLECT = "re-collect the dataset with python -m embodied_async collect"
 FIX_COPY_AGAIN = f"copy the file again from where the dataset came from, or {FIX_RECOLLECT}"
 
 

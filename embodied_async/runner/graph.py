@@ -14,11 +14,11 @@ from embodied_async.scheduler.worker_group import Pending, WorkerGroup, init_ray
 
 @dataclass
 class Graph:
-    """A run's worker groups by component (``actor``: the ranks that train, always there;
+    """A run's worker groups by component (``actor``: the ranks that train, in every training mode;
     ``rollout``: acts and evaluates; ``env``: steps the simulators), their channels, the env's spec."""
 
     groups: Dict[str, WorkerGroup]
-    channels: GraphChannels
+    channels: Optional[GraphChannels]  # None: the workers talk only to the driver (a collection)
     env_spec: EnvSpec
 
     @property
@@ -65,6 +65,7 @@ class Mode:
 
     name = ""  # the prefix of its log lines
     evaluate_method = "evaluate"  # the rollout worker's method an evaluation calls
+    trains = True  # False: no actor, so no checkpoints to write or resume from (a collection)
 
     def __init__(self, cfg: TrainConfig, topology: Topology):
         self.cfg, self.topology = cfg, topology
@@ -76,6 +77,27 @@ class Mode:
         """After the build (and a resume): start what runs beside the train step; its loops, which
         the runner watches while it waits."""
         return []
+
+    def step(self, graph: Graph) -> List[Pending]:
+        """Submit one step's work (a training step: the actor's update)."""
+        return graph.actor.call("train_step")
+
+    def take_step(self, results: list) -> Dict[str, float]:
+        """The finished step's metrics from its calls' ``results`` (also after Ctrl-C: a mode that
+        keeps what a step made, e.g. a collection's episodes, keeps it here)."""
+        return results[0]
+
+    def done(self, step: int) -> bool:
+        """Whether the mode's work is over after ``step`` steps."""
+        return step >= self.cfg.runner.max_steps
+
+    def close(self) -> None:
+        """At the end of the run, however it ends, before the workers stop: close what the mode
+        writes (a dataset)."""
+
+    def summary(self) -> Dict[str, object]:
+        """What the mode adds to the run's result."""
+        return {}
 
     def version_after_step(self, metrics: Dict[str, float], step: int) -> int:
         """The policy version the trainer holds after the step that reported ``metrics``."""

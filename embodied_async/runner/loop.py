@@ -68,6 +68,10 @@ class Runner:
         self.log(f"building workers (mode {cfg.runner.mode}, placement {dict(cfg.cluster.component_placement)}, "
                  f"backend {cfg.cluster.backend})")
         self.graph = graph = self.mode.build()
+        if not self.mode.trains:  # nothing to resume or to save
+            self.loops = self.mode.start(graph)
+            self.started = True
+            return
         if cfg.cluster.backend == "ray" and cfg.cluster.num_nodes > 1:
             # asked from inside each worker: where the processes really run
             self.worker_nodes = {group.name: group.placed_nodes() for group in graph.groups.values()}
@@ -100,16 +104,14 @@ class Runner:
 
     # ---- the loop ----------------------------------------------------------------------------
     def _train(self, logger: MetricLogger) -> None:
-        cfg = self.cfg
         start_time, last_time = time.time(), time.time()
         wall_offset = self.state.get("wall_time_s", 0.0)
         paused_at_last = self.state.get("eval_paused_s", 0.0)
-        while self.state["step"] < cfg.runner.max_steps:
+        while not self.mode.done(self.state["step"]):
             with deferred():  # a stop must not fall between submitting and recording the call
-                self.in_flight = self.graph.actor.call("train_step")
-            metrics = wait_all(self.in_flight, watch=self.loops)[0]
+                self.in_flight = self.mode.step(self.graph)
+            metrics = self._count_finished_step(wait_all(self.in_flight, watch=self.loops))
             self.in_flight = []
-            self._count_finished_step(metrics)
             now, paused_s = time.time(), self.state.get("eval_paused_s", 0.0)
             # the interval's throughput leaves out a paused evaluation inside it
             record = self.mode.step_record(self.graph, metrics, now - last_time - (paused_s - paused_at_last),
@@ -130,11 +132,11 @@ class Runner:
     def _after_step(self, record: Dict) -> bool:
         """Evaluate, stop and save as the step that made ``record`` calls for; True to stop."""
         cfg, step = self.cfg.runner, self.state["step"]
-        last = step >= cfg.max_steps or bool(cfg.max_env_steps and self.state["env_steps"] >= cfg.max_env_steps)
+        last = self.mode.done(step) or bool(cfg.max_env_steps and self.state["env_steps"] >= cfg.max_env_steps)
         due = bool(cfg.val_check_interval) and (step % cfg.val_check_interval == 0 or last)
         paused = cfg.eval_pauses_training
-        if take_save_request() and self.last_saved_step != step:  # SIGUSR1, a scheduler's warning: now,
-            self.log(f"SIGUSR1: {self._save()} saved; the run goes on")  # not after an evaluation
+        if take_save_request() and self.last_saved_step != step and self.mode.trains:  # SIGUSR1: a scheduler's
+            self.log(f"SIGUSR1: {self._save()} saved; the run goes on")  # warning: now, not after an evaluation
         if due:
             self.mode.on_evaluation_due(self.graph, record)
         if paused and due:
@@ -164,11 +166,13 @@ class Runner:
         self.videos_to_log = []
         print_progress(self.mode.progress_line(record, self.cfg.runner.max_steps, self.last_eval))
 
-    def _count_finished_step(self, metrics: Dict[str, float]) -> None:
-        """Count a finished train step (also one that finished after Ctrl-C), so a checkpoint says
-        what it holds."""
+    def _count_finished_step(self, results: list) -> Dict[str, float]:
+        """Count a finished step (also one that finished after Ctrl-C), so a checkpoint says what it
+        holds; its metrics."""
+        metrics = self.mode.take_step(results)
         self.state["step"] += 1
         self.state["version"] = self.mode.version_after_step(metrics, self.state["step"])
+        return metrics
 
     # ---- evaluation --------------------------------------------------------------------------
     def _launch_eval(self, pause_training: bool = False) -> None:
@@ -206,7 +210,10 @@ class Runner:
         self.last_eval = result["eval/success_rate"]
 
     # ---- checkpoints, Ctrl-C, shutdown -------------------------------------------------------
-    def _save(self) -> str:
+    def _save(self) -> Optional[str]:
+        if not self.mode.trains:
+            return None
+
         def write_contents(folder: str) -> int:
             return wait_all(self.graph.actor.call("save_checkpoint", folder), timeout=600)[0]
 
@@ -227,7 +234,7 @@ class Runner:
         Further signals are only recorded (``signals``): they must not cut the checkpoint short."""
         grace = self.cfg.runner.preemption_grace_s / 2 if preempted() else INTERRUPT_GRACE_S
         what = f"preempted ({signal.Signals(stop_signal()).name})" if preempted() else "interrupted"
-        self.log(f"{what}: finishing the step in flight and saving a checkpoint")
+        self.log(f"{what}: finishing the step in flight" + (" and saving a checkpoint" if self.mode.trains else ""))
         self._save_after_stop(grace)
         saved = run_folder.latest_checkpoint(self.checkpoint_root)
         return saved or self.cfg.runner.resume_dir
@@ -238,7 +245,7 @@ class Runner:
             return
         if self.in_flight:
             try:
-                self._count_finished_step(wait_all(self.in_flight, watch=self.loops, timeout=grace_s)[0])
+                self._count_finished_step(wait_all(self.in_flight, watch=self.loops, timeout=grace_s))
             except (TimeoutError, WorkerFailed) as err:
                 # the trainer is mid-step: its state is not a consistent checkpoint
                 self.log(f"the step in flight did not finish ({err}); the last saved checkpoint "
@@ -252,11 +259,12 @@ class Runner:
         """Close the metrics and stop every process. When the run is already ending with an error
         (or a stop), a metrics file that cannot be closed is said, not raised over that error."""
         try:
+            self.mode.close()
             logger.close()
         except (run_folder.StorageError, OSError) as err:
             if not failed:
                 raise
-            self.log(f"the metrics could not be closed as the run ended: {err}")
+            self.log(f"the run's outputs could not be closed as it ended: {err}")
         finally:
             self._shutdown()
 
@@ -275,7 +283,7 @@ class Runner:
             wait_all(self.loops, timeout=3)
         except Exception:
             pass
-        for channel in self.graph.channels.named().values():
+        for channel in (self.graph.channels.named().values() if self.graph.channels else ()):
             try:
                 getattr(channel, "destroy", channel.close)()
             except Exception:
@@ -310,4 +318,4 @@ class Runner:
             with contextlib.suppress(KeyboardInterrupt), deferred():  # the run is over: no process left behind
                 self._close(logger, failed)
         return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
-                "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals}
+                "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals, **self.mode.summary()}

@@ -144,7 +144,7 @@ class ManiSkillEnv:
 
     def _check_buildable(self) -> None:
         """What the config's check cannot see: the sub-env count, the options that need the CPU
-        backend where they are set after it (the evaluation's ``render_video``, ``collect_demos``'
+        backend where they are set after it (the evaluation's ``render_video``, a collection's
         ``privileged_states``) or not seen by it (``env.tasks``: checked one task at a time), and
         the assets of each task (missing ones are the env's to report, with the download command)."""
         cfg = self.cfg

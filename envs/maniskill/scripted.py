@@ -1,5 +1,5 @@
 """Scripted experts for a few ManiSkill tasks: closed-loop controllers of ours that read the true
-sim state (the ``env.scripted_expert`` of the ManiSkill family; ``scripts/collect_demos.py
+sim state (the ``env.scripted_expert`` of the ManiSkill family; ``python -m embodied_async collect
 --source scripted`` uses them).
 
 Each task's controller picks, from the state alone (no memory, so it needs nothing at an

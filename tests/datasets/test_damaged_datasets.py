@@ -34,7 +34,7 @@ SPEC = EnvSpec(obs_shapes={"main_images": (SIDE, SIDE, 3), "states": (STATE_SIZE
 DATA = os.path.join("data", "chunk-000", "file-000.parquet")
 VIDEO = os.path.join("videos", CAMERA, "chunk-000", "file-000.mp4")
 INFO = os.path.join("meta", "info.json")
-RECOLLECT = "re-collect the dataset with scripts/collect_demos.py"
+RECOLLECT = "re-collect the dataset with python -m embodied_async collect"
 COPY_AGAIN = "copy the file again from where the dataset came from"
 
 

@@ -1,6 +1,7 @@
-"""scripts/collect_demos.py: episodes of a scripted expert or of a run's checkpoint (a teacher)
-written as a LeRobot dataset that DatasetReader reads back (cameras, states, executed actions, the
-instruction as task, a seed per episode); appending; Ctrl-C; bad input named in one line, exit 2."""
+"""The ``collect`` command (``runner.mode: collect``): episodes of a scripted expert or of a run's
+checkpoint (a teacher) written as a LeRobot dataset that DatasetReader reads back (cameras, states,
+executed actions, the instruction as task, a seed per episode); appending; Ctrl-C; bad input named
+in one line, exit 2; the old script's entry still runs it."""
 
 import json
 import os
@@ -16,14 +17,13 @@ from teacher_checkpoints import make_teacher
 
 from embodied_async.datasets.reader import DatasetReader
 
-# runs the collection script in subprocesses
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__:DeprecationWarning")
 
-SCRIPT = os.path.join(REPO_ROOT, "scripts", "collect_demos.py")
+COMMAND = [sys.executable, "-m", "embodied_async", "collect"]
 
 
-def run(*args, timeout=300):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
+def run(*args, timeout=300, command=COMMAND):
+    return subprocess.run([*command, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -33,10 +33,10 @@ def collection(root):
 
 
 def collect_in_process(*args):
-    """main() here, for input refused before any worker starts."""
-    import collect_demos
+    """The driver's work here, for input refused before any worker starts."""
+    from embodied_async.cli import collect
 
-    return collect_demos.main([str(a) for a in args])
+    return collect.drive(collect.parse([str(a) for a in args]))
 
 
 @pytest.mark.slow
@@ -45,7 +45,7 @@ def test_scripted_episodes_of_an_rgb_env_are_read_back(tmp_path):
     proc = run("maniskill_pushcube_rgb_ee", "--source", "scripted", "--episodes", 2, "--out", out,
                "--num-workers", 1, "--codec", "h264", "--seed", 7)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[collect] 2/2 episodes kept, 2 attempted (source success 100%)" in proc.stderr
+    assert "[collect] 2/2 episodes kept, 2 attempted (source success 100%)" in proc.stdout
     reader = DatasetReader(str(out))
     assert reader.num_episodes == 2 and reader.fps == 20  # PushCube's control rate
     assert reader.features["observation.images.main"]["shape"] == [64, 64, 3]
@@ -65,11 +65,13 @@ def test_scripted_episodes_of_an_rgb_env_are_read_back(tmp_path):
 
 @pytest.mark.slow
 def test_a_push_to_the_hub_without_network_fails_in_one_line_and_leaves_the_dataset_complete(tmp_path, monkeypatch):
+    """Through the old script's entry, which says where the command went."""
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # unreachable wherever the test runs
     out = tmp_path / "pushcube"
     proc = run("maniskill_pushcube", "--source", "scripted", "--episodes", 1, "--out", out, "--num-workers", 1,
-               "--push-to-hub", "someone/pushcube-demos")
+               "--push-to-hub", "someone/pushcube-demos", command=[sys.executable, "scripts/collect_demos.py"])
     assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "scripts/collect_demos.py is now 'python -m embodied_async collect'" in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("collect error")]
     assert len(errors) == 1 and "dataset repo 'someone/pushcube-demos'" in errors[0] and "offline" in errors[0]
     assert "--repo-type dataset" in errors[0]
@@ -94,9 +96,9 @@ def test_a_state_trained_teacher_acts_on_privileged_states_while_the_dataset_rec
 
 
 def interrupt_when_kept(proc, timeout: float = 120) -> str:
-    """SIGINT once a progress line says an episode is kept; the process's stdout."""
+    """SIGINT once a progress line says an episode is kept; the rest of the process's output."""
     deadline = time.time() + timeout
-    for line in proc.stderr:
+    for line in proc.stdout:
         if line.startswith("[collect] ") and not line.startswith("[collect] 0/") and "kept" in line:
             break
         assert time.time() < deadline, f"no episode kept within {timeout} s"
@@ -107,14 +109,14 @@ def interrupt_when_kept(proc, timeout: float = 120) -> str:
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_episodes_so_far_and_an_append_continues_the_seeds(tmp_path):
     out = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, SCRIPT, "maniskill_pushcube", "--source", "scripted", "--episodes",
-                             "1000", "--out", str(out), "--num-workers", "1"], cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*COMMAND, "maniskill_pushcube", "--source", "scripted", "--episodes", "1000", "--out",
+                             str(out), "--num-workers", "1"], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         stdout = interrupt_when_kept(proc)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and "stopped by Ctrl-C" in stdout
+    assert proc.returncode == 130 and "[collect] stopped: the episodes written so far are kept" in stdout
     kept = DatasetReader(str(out)).num_episodes
     assert 1 <= kept < 1000 and [e["seed"] for e in collection(out)["episodes"]] == list(range(kept))
 
@@ -127,13 +129,12 @@ def test_ctrl_c_keeps_the_episodes_so_far_and_an_append_continues_the_seeds(tmp_
 
 
 def test_appending_episodes_of_another_env_config_is_refused_before_collecting(tmp_path, capsys):
-    import collect_demos
-
+    from embodied_async.cli import collect
+    from embodied_async.collection import check_plan
     from embodied_async.datasets.writer import DatasetWriter
 
-    args = collect_demos._parse(["maniskill_pushcube", "--source", "scripted", "--episodes", "1", "--out",
-                                 str(tmp_path)])
-    theirs = dict(collect_demos.make_plan(args).collection_env, max_episode_steps=30)
+    args = collect.parse(["maniskill_pushcube", "--source", "scripted", "--episodes", "1", "--out", str(tmp_path)])
+    theirs = dict(check_plan(collect.collection_config(args)[0]).collection_env, max_episode_steps=30)
     features = {"observation.state": {"dtype": "float32", "shape": [2]}, "action": {"dtype": "float32", "shape": [1]}}
     with DatasetWriter(str(tmp_path), 20, features, collection={"env": theirs}) as writer:
         writer.add_episode({"observation.state": np.zeros((3, 2)), "action": np.zeros((3, 1))}, "push", seed=0)
@@ -145,7 +146,7 @@ def test_appending_episodes_of_another_env_config_is_refused_before_collecting(t
 def test_an_unknown_env_is_named_with_the_choices(tmp_path, capsys):
     assert collect_in_process("maniskill_pushcub", "--source", "scripted", "--episodes", 1, "--out", tmp_path) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("collect error: 'maniskill_pushcub' is neither an env yaml") and "maniskill_pushcube," in err
+    assert err.startswith("config error: 'maniskill_pushcub' is neither an env yaml") and "maniskill_pushcube," in err
     assert "\n" not in err
 
 
@@ -166,9 +167,21 @@ def test_a_teacher_of_another_control_mode_is_refused_naming_both(tmp_path, caps
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert collect_in_process("maniskill_pushcube", *args, "--episodes", 1, "--out", tmp_path / "out") == 2
     err = capsys.readouterr().err
-    assert err.startswith("collect error:") and message in err and err.count("\n") == 1
+    assert err.startswith("config error:") and message in err and err.count("\n") == 1
 
 
 def test_a_family_without_a_scripted_expert_is_refused(tmp_path, capsys):
     assert collect_in_process("synthetic_bridge", "--source", "scripted", "--episodes", 1, "--out", tmp_path) == 2
     assert "has no scripted expert (env.scripted_expert): use --source teacher:" in capsys.readouterr().err
+
+
+def test_the_collect_section_is_checked_at_start_up_and_refused_in_training_modes():
+    from embodied_async.config import ConfigError
+    from embodied_async.config.recipes import resolve_recipe
+
+    with pytest.raises(ConfigError, match="runner.mode=collect needs collect.out"):
+        resolve_recipe("maniskill_async_ppo_mlp", ["runner.mode=collect"])
+    with pytest.raises(ConfigError, match="collect.source='demo': use 'scripted' or 'teacher:"):
+        resolve_recipe("maniskill_async_ppo_mlp", ["runner.mode=collect", "collect.out=x", "collect.source=demo"])
+    with pytest.raises(ConfigError, match="collect.episodes=5 with runner.mode=ppo: only runner.mode=collect reads it"):
+        resolve_recipe("maniskill_async_ppo_mlp", ["collect.episodes=5"])
