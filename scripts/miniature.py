@@ -353,7 +353,8 @@ class Pipeline:
             num_envs = max(d for d in range(1, 9) if episodes % d == 0)
             command = [sys.executable, "-m", "embodied_async", "eval", checkpoint, "--episodes",
                        str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
-                       "--json", report, *rule_overrides, *(["--sampled", *sampling] if rule == "sampled" else [])]
+                       "--json", report, f"runner.logger.log_path={os.path.join(self.out, name + '_log')}",
+                       *rule_overrides, *(["--sampled", *sampling] if rule == "sampled" else [])]
             self._call(name, command)
             with open(report) as f:
                 result = json.load(f)

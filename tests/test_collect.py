@@ -175,7 +175,7 @@ def test_a_family_without_a_scripted_expert_is_refused(tmp_path, capsys):
     assert "has no scripted expert (env.scripted_expert): use --source teacher:" in capsys.readouterr().err
 
 
-def test_the_collect_section_is_checked_at_start_up_and_refused_in_training_modes():
+def test_the_collect_and_evaluation_sections_are_checked_at_start_up_and_refused_in_training_modes():
     from embodied_async.config import ConfigError
     from embodied_async.config.recipes import resolve_recipe
 
@@ -185,3 +185,7 @@ def test_the_collect_section_is_checked_at_start_up_and_refused_in_training_mode
         resolve_recipe("maniskill_async_ppo_mlp", ["runner.mode=collect", "collect.out=x", "collect.source=demo"])
     with pytest.raises(ConfigError, match="collect.episodes=5 with runner.mode=ppo: only runner.mode=collect reads it"):
         resolve_recipe("maniskill_async_ppo_mlp", ["collect.episodes=5"])
+    with pytest.raises(ConfigError, match="evaluation.episodes=6 must be a multiple of the sub-envs"):
+        resolve_recipe("maniskill_async_ppo_mlp", ["runner.mode=eval", "evaluation.episodes=6", "env.num_envs=4"])
+    with pytest.raises(ConfigError, match="evaluation.videos=2 with runner.mode=sft: only runner.mode=eval reads it"):
+        resolve_recipe("maniskill_sft_openvla_tiny", ["evaluation.videos=2"])

@@ -6,8 +6,9 @@ or of a trained teacher recorded as the env's cameras, states and the executed a
         [--seed S] [--max-attempts M] [--push-to-hub REPO_ID] [key=value ...]
 
 ENV_YAML_OR_RECIPE: an env yaml of configs/env/ (e.g. maniskill_pushcube_rgb, composed into the
-default recipe, ``configs/defaults/recipe.yaml``) or a recipe of configs/; ``key=value`` overrides apply on top (full paths: ``env.image_size=[64,64]``). The dataset
-records ``observation.images.main`` / ``.wrist`` (videos of main_images / wrist_images),
+default recipe, ``configs/defaults/recipe.yaml``) or a recipe of configs/; ``key=value`` overrides
+apply on top (full paths: ``env.image_size=[64,64]``). The dataset records
+``observation.images.main`` / ``.wrist`` (videos of main_images / wrist_images),
 ``observation.state`` (states) and ``action``, one frame per executed action with the observation
 it was taken at; the instruction is the episode's task, the frame rate the env's control rate.
 

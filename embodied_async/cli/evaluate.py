@@ -9,12 +9,18 @@ folder of OpenVLA or LeRobot's Pi0, or a hub repo id) evaluated under ``--recipe
 family's recipe). ``key=value`` overrides apply on top, e.g. ``env=robosuite_lift`` or
 ``env.max_episode_steps=80``. Prints a JSON report (also written to ``--json``) and a one-line
 summary; exit code 2 on bad input (a config, checkpoint or env that cannot be used here).
+
+It is ``runner.mode: eval`` of the one runner: ``--evaluators`` processes (placed as the rollout
+component; more than one through Ray), each a policy and an env of ``--num-envs`` sub-envs, split
+the episodes; the run's record goes to ``logs/<time>-eval`` (``runner.logger.log_path=...`` names
+another folder).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 from embodied_async.cli.errors import CommandError, report
@@ -23,8 +29,8 @@ from embodied_async.cli.errors import CommandError, report
 def eval_command(argv=None) -> int:
     args = _parse(argv)
     try:
-        cfg, checkpoint = load_config(args)
-        result = evaluate(cfg, checkpoint, args)
+        cfg, topology = evaluation_config(args)
+        result = evaluate(cfg, topology, args)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (the table decides: a bug keeps its traceback)
         return report(err, "eval")
     print_report(result, args)
@@ -65,107 +71,102 @@ def _parse(argv):
                                                        "or a checkpoint instead of its run's saved config")
     parser.add_argument("--seed", type=int, default=None,
                         help="env seed (default: the run's evaluation seed, not its training episodes)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when available")
+    parser.add_argument("--evaluators", type=int, default=1, help="processes splitting the episodes (default: 1)")
     parser.add_argument("--json", default=None, help="also write the report to this file")
     parser.add_argument("--sampled", action="store_true",
                         help="act with the sampled policy (the one RL trains; seeded by --seed) instead of the "
                              "deterministic decision rule (greedy tokens, flow_ode, the Gaussian's mean)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
-    if args.episodes < 1:
-        parser.error("--episodes must be at least 1")
+    if args.episodes < 1 or args.evaluators < 1:
+        parser.error("--episodes and --evaluators must be at least 1")
     return args
 
 
-def load_config(args):
-    """(validated TrainConfig, the checkpoint folder or None)."""
+def evaluation_config(args):
+    """``(TrainConfig, Topology)``: the target's config (a run's, or a model's under its recipe) in
+    ``runner.mode: eval``, ``--evaluators`` processes of ``--num-envs`` sub-envs each."""
+    from omegaconf import OmegaConf
+
     from embodied_async.config import ConfigError
-    from embodied_async.config.recipes import target_config
-    from embodied_async.config.validate import to_eval_config
+    from embodied_async.config.recipes import LOG_PATH_KEY, target_config
+    from embodied_async.config.validate import resolve
+    from embodied_async.evaluation import evaluation_seed
 
     try:
         raw, checkpoint = target_config(args.target, args.overrides, args.recipe)
-        # this process evaluates on --device: the run's placement is not used
-        raw.cluster.device_type = "cpu"
-        raw.runner.dry_run = False
-        return to_eval_config(raw), checkpoint
+        num_envs = sub_env_count(len(raw.env.get("tasks") or ()), args)
+        evaluators = args.evaluators
+        raw.cluster.component_placement = {"env,rollout": f"0-{evaluators - 1}" if evaluators > 1 else "0",
+                                           "actor": "0"}
+        seed = args.seed if args.seed is not None else evaluation_seed(raw.runner.seed)  # the run's evaluation seed
+        setting = {"cluster.device_type": {"cpu": "cpu", "cuda": "gpu"}.get(args.device, "auto"),
+                   "cluster.backend": "ray" if evaluators > 1 else "local", "env.num_envs": num_envs * evaluators,
+                   "env.pipeline_stage_num": 1, "cluster.cpu_threads_per_worker": max(1, (os.cpu_count() or 1)
+                                                                                      // evaluators),
+                   "runner.mode": "eval", "runner.val_check_interval": 0, "runner.dry_run": False,
+                   "runner.resume_dir": None, "runner.logger.backends": [], "evaluation.checkpoint": checkpoint,
+                   "evaluation.episodes": args.episodes, "evaluation.seed": seed, "evaluation.sampled": args.sampled,
+                   "evaluation.videos": args.videos if args.video_dir else 0}
+        if not any(item.startswith(f"{LOG_PATH_KEY}=") for item in args.overrides):
+            setting[LOG_PATH_KEY] = f"logs/{time.strftime('%Y%m%d-%H%M%S')}-eval"
+        for key, value in setting.items():
+            OmegaConf.update(raw, key, value, merge=False)
+        return resolve(raw)
     except ConfigError as err:
         raise CommandError(str(err)) from None
 
 
-def sub_env_count(cfg, args) -> int:
-    """``--num-envs``, by default up to 8 sub-envs, one per task under env.tasks (sub-env i runs task
-    i mod their number; a sub-env in a child process can be a ~2 GB process); each task gets as many
-    episodes."""
-    tasks = len(cfg.env.tasks) or 1
-    num_envs = args.num_envs or (tasks if cfg.env.tasks else max(d for d in range(1, 9) if args.episodes % d == 0))
+def sub_env_count(num_tasks: int, args) -> int:
+    """``--num-envs`` of each evaluator, by default up to 8 sub-envs, one per task under env.tasks
+    (sub-env i runs task i mod their number; a sub-env in a child process can be a ~2 GB process);
+    each task gets as many episodes."""
+    tasks = num_tasks or 1
+    if args.episodes % args.evaluators:
+        raise CommandError(f"--episodes {args.episodes} must be a multiple of --evaluators {args.evaluators}")
+    share = args.episodes // args.evaluators
+    num_envs = args.num_envs or (tasks if num_tasks else max(d for d in range(1, 9) if share % d == 0))
     if num_envs % tasks:
         raise CommandError(f"--num-envs {num_envs} must be a multiple of the {tasks} env.tasks, so each task has as "
                            "many episodes")
-    if args.episodes % num_envs:
-        raise CommandError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}")
+    if share % num_envs:
+        raise CommandError(f"--episodes {args.episodes} must be a multiple of --num-envs {num_envs}"
+                           + (f" x --evaluators {args.evaluators}" if args.evaluators > 1 else ""))
     return num_envs
 
 
-def evaluate(cfg, checkpoint, args) -> dict:
-    import dataclasses
+def evaluate(cfg, topology, args) -> dict:
+    """Run ``runner.mode: eval`` on ``cfg`` and report it (videos written to ``--video-dir``)."""
+    from embodied_async.evaluation import write_videos
+    from embodied_async.runner import run
 
-    import torch
-
-    from embodied_async.checkpoint_io import CheckpointError
-    from embodied_async.evaluation import evaluation_seed, run_episodes, write_videos
-    from embodied_async.registry import build_env, build_policy
-    from embodied_async.run_folder import load_policy_weights
-
-    num_envs = sub_env_count(cfg, args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type != "cuda" and cfg.env.simulates_on_gpu():
+    if topology.device_kind != "gpu" and cfg.env.simulates_on_gpu():
         raise CommandError(f"the env ({cfg.env.name} '{cfg.env.task_name()}') simulates on a GPU and this "
                            "evaluation runs without one: pass env=<an env yaml> or env.sim_backend=cpu where the task "
                            "supports it")
     try:
-        cfg.model.fetch()
+        cfg.model.fetch()  # once, here: the evaluators read the local copy
     except FileNotFoundError as err:
         raise CommandError(str(err)) from None
-    env_cfg = dataclasses.replace(cfg.env, render_video=bool(args.video_dir))
     if args.video_dir:
         from embodied_async.config import ConfigError
 
         try:
-            env_cfg.check_video()
+            cfg.env.check_video()
         except ConfigError as err:
             raise CommandError(f"--video-dir cannot be used with this env: {err}") from None
-    seed = args.seed if args.seed is not None else evaluation_seed(cfg.runner.seed)  # the run's evaluation seed
     started = time.time()
-    print(f"[eval] building the {cfg.env.name} env ({num_envs} sub-envs) and the {cfg.model.name} policy on {device}",
-          flush=True)
-    try:
-        env = build_env(env_cfg, num_envs, seed)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:  # a camera, assets, rendering
-        raise CommandError(f"cannot build the env: {err}") from None
-    try:
-        try:
-            policy = build_policy(cfg.model, env.spec, device=device).eval()
-        except (ValueError, FileNotFoundError, KeyError) as err:
-            raise CommandError(f"cannot build the policy: {err}") from None
-        if checkpoint is not None:
-            try:
-                load_policy_weights(policy, checkpoint, "eval")
-            except (CheckpointError, KeyError, ValueError) as err:
-                raise CommandError(f"cannot load {checkpoint}: {err}") from None
-        print(f"[eval] running {args.episodes} episodes", flush=True)
-        torch.manual_seed(seed)  # the sampled policy's draws repeat with the episodes
-        result = run_episodes(policy, env, args.episodes, args.videos if args.video_dir else 0, seed=seed,
-                              mode="train" if args.sampled else "eval")
-    finally:
-        env.close()
+    print(f"[eval] building {args.evaluators} evaluator(s): the {cfg.env.name} env ({topology.envs_per_stage} "
+          f"sub-envs) and the {cfg.model.name} policy", flush=True)
+    outcome = run(cfg, topology)
+    result = outcome["evaluation"]
     paths = write_videos(result.videos, args.video_dir, cfg.runner.eval_video_fps) if args.video_dir else []
-    summary = result.summary(env.spec.reports_success)
-    task = cfg.env.task_name()
-    report = {"target": args.target, "checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.name,
-              "task": task, "seed": seed, "decision_rule": "sampled" if args.sampled else "deterministic",
-              **summary, "episode_successes": result.successes, "videos": paths,
-              "seconds": round(time.time() - started, 1)}
+    report = {"target": args.target, "checkpoint": cfg.evaluation.checkpoint, "model": cfg.model.name,
+              "env": cfg.env.name, "task": cfg.env.task_name(), "seed": cfg.evaluation.seed,
+              "decision_rule": "sampled" if args.sampled else "deterministic",
+              **result.summary(outcome["evaluation/reports_success"]), "episode_successes": result.successes,
+              "videos": paths, "seconds": round(time.time() - started, 1), "log": cfg.runner.logger.log_path}
     return _json_safe(report)
 
 

@@ -1,19 +1,18 @@
 """``runner.mode`` at start-up: a known mode, no key that only another mode reads, and each mode's own
-section (``sft`` with its ``dataset``, ``collect``)."""
+section (``sft`` with its ``dataset``; ``collect`` and ``eval``, which train nothing: ``mode_sections.py``)."""
 
 from __future__ import annotations
 
 from embodied_async.config.checks import bound, choice, positive, require
+from embodied_async.config.mode_sections import OFFLINE_MODES, check_offline_mode
 from embodied_async.config.schema import RUNNER_MODES, TrainConfig, mode_only_keys, schema_default
 
 
 def check_mode(cfg: TrainConfig) -> None:
     """``runner.mode``: one of ``RUNNER_MODES``, no key only another mode reads, the mode's own keys."""
     choice(cfg.runner.mode, "runner.mode", RUNNER_MODES)
-    if cfg.runner.mode == "collect":  # on any recipe's config: its training keys are left unread
-        from embodied_async.config.collect import check_collect
-
-        return check_collect(cfg)
+    if cfg.runner.mode in OFFLINE_MODES:  # on any recipe's config: its training keys are left unread
+        return check_offline_mode(cfg)
     _refuse_other_modes_keys(cfg)
     if cfg.runner.mode == "sft":
         _check_supervised(cfg)

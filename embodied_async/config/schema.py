@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Tuple
 
-from embodied_async.config.collect import CollectConfig
+from embodied_async.config.mode_sections import CollectConfig, EvaluationConfig
 
 try:
     from omegaconf import MISSING
@@ -286,8 +286,7 @@ class AlgorithmConfig:
     # so it leaves the clip range after small moves of each; token_level needs a family that reports
     # per-dimension log-probs (ModelConfig.logprob_types)
     logprob_type: str = "chunk_level"
-    # samples whose proximal/behaviour weight exceeds this are masked out; None disables
-    behave_weight_threshold: Optional[float] = 2.0
+    behave_weight_threshold: Optional[float] = 2.0  # samples whose proximal/behaviour weight exceeds it are masked
     value_clip: Optional[float] = None  # None: no clipping around the rollout-time value
     huber_delta: float = 10.0
     value_loss_coef: float = 0.5
@@ -304,8 +303,7 @@ class AlgorithmConfig:
     group_size: int = 1  # grpo: sub-envs per initial state (>= 2); each policy batch holds whole groups
     group_normalize_std: bool = True
     group_episode_weight: str = "step"  # grpo: "step" (episodes weigh by their length) or "episode" (alike)
-    # > 0: the family's own SFT loss on `dataset`'s demonstrations, this weight x it in every policy step
-    demo_loss_coef: float = 0.0
+    demo_loss_coef: float = 0.0  # > 0: this x the family's SFT loss on `dataset`'s demonstrations per policy step
     demo_batch_size: int = 32  # demonstration frames per optimiser step, over all actor ranks
     anchor_kl_coef: float = 0.0  # > 0: this x KL(current || the run's warm start) per decision; 0: off
 
@@ -464,11 +462,12 @@ class TrainConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     sft: SupervisedConfig = field(default_factory=SupervisedConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
 
-# runner.mode -> what the runner does: "ppo" (the async graph), "sft" (supervised steps), "collect"
-# (episodes of a source into a dataset; it runs on any recipe's config, reading none of training)
-RUNNER_MODES = ("ppo", "sft", "collect")
+# runner.mode -> what the runner does: "ppo" (the async graph), "sft" (supervised steps), "collect" (a
+# source's episodes into a dataset), "eval" (a policy scored); the last two read none of training
+RUNNER_MODES = ("ppo", "sft", "collect", "eval")
 # what only one runner.mode reads: whole sections, or "section.key". Set to anything but its
 # default in another mode, a key would do nothing there, so validation refuses it
 MODE_ONLY = {
@@ -478,6 +477,7 @@ MODE_ONLY = {
             "actor.policy_min_lr_ratio", "actor.frozen_parameter_prefixes"),
     "sft": ("sft", "dataset.validation_fraction"),
     "collect": ("collect",),
+    "eval": ("evaluation",),
 }
 
 

@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
 from embodied_async.config.mode_checks import check_mode
+from embodied_async.config.mode_sections import OFFLINE_MODES
 from embodied_async.config.schema import (
     LOGPROB_TYPES,
     PRECISIONS,
@@ -133,9 +134,9 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
     (``evaluation``: without the checks of how training batches split).
 
     Cheap checks first: the families' own checks come last (one may import its simulator). A
-    collection (``runner.mode: collect``) reads nothing of training: it is checked as an evaluation.
+    collection or an evaluation (``OFFLINE_MODES``) reads nothing of training: checked as an evaluation.
     """
-    evaluation = evaluation or cfg.runner.mode == "collect"
+    evaluation = evaluation or cfg.runner.mode in OFFLINE_MODES
     choice(cfg.cluster.backend, "cluster.backend", ("ray", "local"))
     choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
     choice(cfg.cluster.channel_transport, "cluster.channel_transport", ("auto", "ray"))
@@ -158,7 +159,7 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
     if cfg.model.init_from is not None:
         _check_resume_dir(cfg.model.init_from, "model.init_from")
     check_mode(cfg)
-    if cfg.runner.mode != "collect":
+    if cfg.runner.mode not in OFFLINE_MODES:
         _check_advantages(cfg, topology)
     if not evaluation:
         _check_demonstrations(cfg, topology.actor_world_size)

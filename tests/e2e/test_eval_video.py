@@ -1,6 +1,7 @@
 """Evaluation videos and the checkpoint evaluator on the default recipe (ManiSkill PushCube, state):
 runner.eval_video writes playable mp4 files under the log folder (success or failure in the name,
-a JSON beside each) and TensorBoard images; scripts/eval.py evaluates the run's saved checkpoint."""
+a JSON beside each) and TensorBoard images; the eval command (runner.mode=eval) scores the run's
+saved checkpoint, with one evaluator or several."""
 
 import json
 import os
@@ -59,6 +60,20 @@ def test_training_writes_evaluation_videos_and_eval_py_scores_the_checkpoint(tmp
     summary = proc.stdout.strip().splitlines()[-1]
     assert summary.startswith("[eval] success ") and "95% CI" in summary and "over 4 episodes" in summary
     assert len(check_videos(tmp_path / "eval_videos", (64, 64), "push the cube to the goal region")) == 1
+    assert json.loads(open(os.path.join(report["log"], "metrics.jsonl")).readline())["eval/episodes"] == 4
+
+    # two evaluators (Ray processes) of one sub-env each face the episodes one evaluator of two faces
+    scores = {}
+    for evaluators, num_envs in ((1, 2), (2, 1)):
+        path = tmp_path / f"report{evaluators}.json"
+        proc = subprocess.run([sys.executable, "-m", "embodied_async", "eval", str(checkpoint), "--episodes", "4",
+                               "--num-envs", str(num_envs), "--evaluators", str(evaluators), "--json", str(path),
+                               f"runner.logger.log_path={tmp_path / f'eval{evaluators}'}"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        scores[evaluators] = json.load(open(path))
+    assert scores[1]["episode_successes"] == scores[2]["episode_successes"]
+    assert abs(scores[1]["episode_return"] - scores[2]["episode_return"]) <= 1e-4 * abs(scores[1]["episode_return"])
 
 
 def test_eval_names_a_bad_target_and_the_fix(tmp_path):

@@ -1,7 +1,8 @@
-"""The ``collect`` section: what ``runner.mode: collect`` records (``embodied_async.collection``),
-and its start-up checks. A collection runs on any recipe's config (``python -m embodied_async
-collect`` composes an env yaml into the default recipe): it reads ``env``, ``cluster`` (its env
-workers' placement), ``runner.seed`` / ``runner.logger`` and this section, nothing of training."""
+"""The sections of the modes that train nothing, and their start-up checks: ``collect`` (what
+``runner.mode: collect`` records, ``embodied_async.collection``) and ``evaluation`` (what
+``runner.mode: eval`` scores). Both run on any recipe's config or a run's saved one (the commands
+compose it): they read ``env``, ``model``, ``cluster`` (their workers' placement), ``runner.seed`` /
+``runner.logger`` and their section, nothing of training."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Optional
 from embodied_async.config.checks import bound, choice, positive, require
 
 VIDEO_CODECS = ("av1", "h264")
+OFFLINE_MODES = ("collect", "eval")  # the runner.mode values that train nothing
 
 
 @dataclass
@@ -27,6 +29,27 @@ class CollectConfig:
 
     def attempt_limit(self) -> int:
         return self.max_attempts or 10 * self.episodes + 10
+
+
+@dataclass
+class EvaluationConfig:
+    checkpoint: Optional[str] = None  # a run's checkpoint whose weights are scored (null: the model as built)
+    episodes: int = 20  # over every evaluator, the same count on every sub-env (env.num_envs each)
+    seed: int = 0  # the evaluators' env seed (sub-env i of evaluator r starts from seed + r x env.num_envs + i)
+    sampled: bool = False  # act with the sampled policy (the one RL trains) instead of the decision rule
+    videos: int = 0  # record the first episode of this many sub-envs (of the first evaluator)
+
+
+def check_offline_mode(cfg) -> None:
+    """``runner.mode: collect`` or ``eval``: its section's checks (ConfigError naming the key and the fix)."""
+    if cfg.runner.mode == "collect":
+        return check_collect(cfg)
+    require(not cfg.runner.resume_dir, "runner.mode=eval trains nothing to resume: remove runner.resume_dir")
+    episodes, num_envs = cfg.evaluation.episodes, cfg.env.num_envs
+    positive(episodes, "evaluation.episodes")
+    require(episodes % num_envs == 0, f"evaluation.episodes={episodes} must be a multiple of the sub-envs "
+                                      f"(env.num_envs={num_envs} over the evaluators), so every sub-env runs as many")
+    bound(cfg.evaluation.videos, "evaluation.videos", lambda v: v >= 0, "must be >= 0", "use 0 for no videos")
 
 
 def check_collect(cfg) -> None:
