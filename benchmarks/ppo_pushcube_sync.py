@@ -189,7 +189,7 @@ def evaluate(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, episodes: int,
     return float(np.mean(scored)), len(scored)
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-envs", type=int, default=16)
@@ -208,96 +208,122 @@ def main() -> None:
     parser.add_argument("--eval-stop-once-below-target", action="store_true",
                         help="end an evaluation once its failures rule --target-success out")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def collect(agent: Agent, norm: RunningMeanStd, envs: VectorEnv, obs: np.ndarray, T: int, N: int) -> tuple:
+    """One rollout of ``T`` steps of the ``N`` sub-envs: its tensors and the last observation."""
+    obs_dim, action_dim = obs.shape[1], 8
+    raw_obs = np.zeros((T, N, obs_dim), np.float32)
+    actions = torch.zeros(T, N, action_dim)
+    logprobs, rewards, values = torch.zeros(T, N), torch.zeros(T, N), torch.zeros(T, N)
+    dones, bootstrap = torch.zeros(T, N), torch.zeros(T, N)
+    for t in range(T):
+        raw_obs[t] = obs
+        with torch.no_grad():
+            x = norm(obs)
+            dist = agent.distribution(x)
+            action = dist.sample()
+            logprobs[t], values[t], actions[t] = dist.log_prob(action).sum(-1), agent.value(x), action
+        obs, reward, terminated, truncated, _, final_obs = envs.step(action.clamp(-1, 1).numpy())
+        finished = terminated | truncated
+        rewards[t], dones[t] = torch.as_tensor(reward), torch.as_tensor(finished, dtype=torch.float32)
+        if finished.any():  # success terminations and time limits alike: bootstrap from the last obs
+            with torch.no_grad():
+                bootstrap[t] = torch.as_tensor(finished, dtype=torch.float32) * agent.value(norm(final_obs))
+    rollout = dict(raw_obs=raw_obs, actions=actions, logprobs=logprobs, rewards=rewards, values=values, dones=dones,
+                   bootstrap=bootstrap)
+    return rollout, obs
+
+
+def advantages_of(rollout: dict, next_value: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:
+    rewards, values, dones, bootstrap = (rollout[k] for k in ("rewards", "values", "dones", "bootstrap"))
+    T, N = rewards.shape
+    advantages, last = torch.zeros(T, N), torch.zeros(N)
+    for t in reversed(range(T)):
+        following = next_value if t == T - 1 else values[t + 1]
+        # an ended episode's return continues from its own last observation, not the next one's
+        target = rewards[t] + gamma * ((1 - dones[t]) * following + bootstrap[t])
+        last = target - values[t] + gamma * gae_lambda * (1 - dones[t]) * last
+        advantages[t] = last
+    return advantages
+
+
+def update(agent: Agent, optimizer, norm: RunningMeanStd, rollout: dict, advantages: torch.Tensor, args) -> None:
+    """PPO epochs over minibatches, stopped once the epoch's mean KL exceeds ``--target-kl``."""
+    T, N, obs_dim = rollout["raw_obs"].shape
+    batch, minibatch = T * N, T * N // args.minibatches
+    returns = advantages + rollout["values"]
+    norm.update(rollout["raw_obs"].reshape(batch, obs_dim))  # after the rollout, as our actor does
+    b_x = norm(rollout["raw_obs"].reshape(batch, obs_dim))
+    b_actions, b_logprobs = rollout["actions"].reshape(batch, -1), rollout["logprobs"].reshape(batch)
+    b_advantages, b_returns = advantages.reshape(batch), returns.reshape(batch)
+    for epoch in range(args.epochs):
+        order, kls = torch.randperm(batch), []
+        for begin in range(0, batch, minibatch):
+            idx = order[begin:begin + minibatch]
+            dist = agent.distribution(b_x[idx])
+            new_logprob = dist.log_prob(b_actions[idx]).sum(-1)
+            log_ratio = new_logprob - b_logprobs[idx]
+            ratio = log_ratio.exp()
+            with torch.no_grad():
+                kls.append(((ratio - 1) - log_ratio).mean().item())
+            adv = b_advantages[idx]
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
+            value_loss = 0.5 * (agent.value(b_x[idx]) - b_returns[idx]).pow(2).mean()
+            optimizer.zero_grad()
+            (policy_loss + 0.5 * value_loss).backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+            optimizer.step()
+        if args.target_kl is not None and np.mean(kls) > args.target_kl:
+            break
+
+
+def main() -> None:
+    args = parse_args()
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     torch.set_num_threads(1)
     envs = VectorEnv(args.num_envs, args.num_procs)
     eval_envs = VectorEnv(8, args.num_procs) if args.eval_every else None
     obs = envs.reset(1000 * args.seed)
-    obs_dim, action_dim = obs.shape[1], 8
-    agent = Agent(obs_dim, action_dim)
+    agent = Agent(obs.shape[1], 8)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
-    norm = RunningMeanStd(obs_dim)
-    T, N = args.num_steps, args.num_envs
-    batch, minibatch = T * N, T * N // args.minibatches
-    env_steps, train_s, collect_s, update, reached = 0, 0.0, 0.0, 0, None
-    history = []
+    norm = RunningMeanStd(obs.shape[1])
+    env_steps, train_s, collect_s, updates, reached, history = 0, 0.0, 0.0, 0, None, []
     sim_cpu_start = envs.cpu_seconds()
     while env_steps < args.env_steps:
         start = time.perf_counter()
-        raw_obs = np.zeros((T, N, obs_dim), np.float32)
-        actions = torch.zeros(T, N, action_dim)
-        logprobs, rewards, values = torch.zeros(T, N), torch.zeros(T, N), torch.zeros(T, N)
-        dones, bootstrap = torch.zeros(T, N), torch.zeros(T, N)
-        for t in range(T):
-            raw_obs[t] = obs
-            with torch.no_grad():
-                x = norm(obs)
-                dist = agent.distribution(x)
-                action = dist.sample()
-                logprobs[t], values[t], actions[t] = dist.log_prob(action).sum(-1), agent.value(x), action
-            obs, reward, terminated, truncated, _, final_obs = envs.step(action.clamp(-1, 1).numpy())
-            finished = terminated | truncated
-            rewards[t], dones[t] = torch.as_tensor(reward), torch.as_tensor(finished, dtype=torch.float32)
-            if finished.any():  # success terminations and time limits alike: bootstrap from the last obs
-                with torch.no_grad():
-                    bootstrap[t] = torch.as_tensor(finished, dtype=torch.float32) * agent.value(norm(final_obs))
-        env_steps += T * N
+        rollout, obs = collect(agent, norm, envs, obs, args.num_steps, args.num_envs)
+        env_steps += args.num_steps * args.num_envs
         collect_s += time.perf_counter() - start
         with torch.no_grad():
             next_value = agent.value(norm(obs))
-        advantages, last = torch.zeros(T, N), torch.zeros(N)
-        for t in reversed(range(T)):
-            following = next_value if t == T - 1 else values[t + 1]
-            # an ended episode's return continues from its own last observation, not the next one's
-            target = rewards[t] + args.gamma * ((1 - dones[t]) * following + bootstrap[t])
-            last = target - values[t] + args.gamma * args.gae_lambda * (1 - dones[t]) * last
-            advantages[t] = last
-        returns = advantages + values
-        norm.update(raw_obs.reshape(batch, obs_dim))  # after the rollout, as our actor does
-        b_x = norm(raw_obs.reshape(batch, obs_dim))
-        b_actions, b_logprobs = actions.reshape(batch, action_dim), logprobs.reshape(batch)
-        b_advantages, b_returns = advantages.reshape(batch), returns.reshape(batch)
-        for epoch in range(args.epochs):
-            order, kls = torch.randperm(batch), []
-            for begin in range(0, batch, minibatch):
-                idx = order[begin:begin + minibatch]
-                dist = agent.distribution(b_x[idx])
-                new_logprob = dist.log_prob(b_actions[idx]).sum(-1)
-                log_ratio = new_logprob - b_logprobs[idx]
-                ratio = log_ratio.exp()
-                with torch.no_grad():
-                    kls.append(((ratio - 1) - log_ratio).mean().item())
-                adv = b_advantages[idx]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
-                value_loss = 0.5 * (agent.value(b_x[idx]) - b_returns[idx]).pow(2).mean()
-                optimizer.zero_grad()
-                (policy_loss + 0.5 * value_loss).backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
-                optimizer.step()
-            if args.target_kl is not None and np.mean(kls) > args.target_kl:
-                break
+        update(agent, optimizer, norm, rollout, advantages_of(rollout, next_value, args.gamma, args.gae_lambda), args)
         train_s += time.perf_counter() - start
-        update += 1
-        record = {"update": update, "env_steps": env_steps, "train_s": round(train_s, 2),
-                  "env_steps_per_s": round(env_steps / train_s, 1), "mean_reward": round(float(rewards.mean()), 6)}
-        if eval_envs is not None and update % args.eval_every == 0:
+        updates += 1
+        record = {"update": updates, "env_steps": env_steps, "train_s": round(train_s, 2),
+                  "env_steps_per_s": round(env_steps / train_s, 1),
+                  "mean_reward": round(float(rollout["rewards"].mean()), 6)}
+        if eval_envs is not None and updates % args.eval_every == 0:
             record["eval_success"], record["eval_episodes"] = evaluate(
-                agent, norm, eval_envs, args.eval_episodes, evaluation_seed(args.seed, update),
+                agent, norm, eval_envs, args.eval_episodes, evaluation_seed(args.seed, updates),
                 args.target_success if args.eval_stop_once_below_target else None)
             if reached is None and args.target_success is not None and record["eval_success"] >= args.target_success:
-                reached = {"env_steps": env_steps, "train_s": round(train_s, 2), "update": update}
+                reached = {"env_steps": env_steps, "train_s": round(train_s, 2), "update": updates}
         history.append(record)
         print(json.dumps(record), flush=True)
         if reached is not None:
             break
     sim_cpu = envs.cpu_seconds() - sim_cpu_start  # evaluation runs in its own processes
-    envs.close()
-    if eval_envs is not None:
-        eval_envs.close()
+    for each in (envs, eval_envs):
+        if each is not None:
+            each.close()
+    write_summary(args, history, reached, env_steps, train_s, collect_s, sim_cpu)
+
+
+def write_summary(args, history, reached, env_steps: int, train_s: float, collect_s: float, sim_cpu: float) -> None:
     summary = {"baseline": "ppo_pushcube_sync", "seed": args.seed, "env_steps": env_steps, "train_s": round(train_s, 2),
                "env_steps_per_s": round(env_steps / train_s, 1), "collect_s": round(collect_s, 2),
                "learn_s": round(train_s - collect_s, 2),

@@ -1,8 +1,8 @@
 """What ``runner.mode: collect`` records: episodes of a source acting in the env, one frame per
 executed action with the observation it was taken at, for a LeRobot dataset (format v3.0).
 
-A source is the env family's scripted expert (``collect.source: scripted``,
-``EnvConfig.scripted_expert``) or a checkpoint of one of our runs acting deterministically
+A source is the env family's scripted expert (``collect.source: scripted``, the family's
+``scripted_expert``, ``config/family_hooks.py``) or a checkpoint of one of our runs acting deterministically
 (``teacher:<folder>``; a teacher trained on state observations sees the env's privileged states
 while the dataset records what the env renders). Everything here is checked before a worker
 starts (``check_plan``); the dataset writer's own checks follow once an env is built
@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from embodied_async.config.checks import ConfigError
+from embodied_async.config.family_hooks import hook
 from embodied_async.datasets import lerobot_format as fmt
 from embodied_async.datasets.batches import CONVENTIONAL_KEYS
 
@@ -60,7 +61,7 @@ def check_plan(cfg) -> Plan:
                           "env.num_action_chunks=1 (a policy trained on it may still predict chunks)")
     teacher = None
     if source == "scripted":
-        if type(env_cfg).scripted_expert is None:
+        if hook(env_cfg, "scripted_expert") is None:
             raise ConfigError(f"the '{env_cfg.name}' env family has no scripted expert (env.scripted_expert): use "
                               "--source teacher:<checkpoint folder>")
     else:
@@ -104,7 +105,7 @@ def load_teacher(folder: str, env_cfg) -> Teacher:
     raw = checkpoint_config(folder)
     raw.cluster.device_type, raw.runner.dry_run = "cpu", False  # the teacher acts in a collection worker
     cfg = to_train_config(raw)
-    theirs, ours = cfg.env.acting_settings(), env_cfg.acting_settings()
+    theirs, ours = acting_settings(cfg.env), acting_settings(env_cfg)
     if theirs != ours:
         differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise ConfigError("the teacher was trained on " + _describe(theirs, differ) + ", this env is "
@@ -115,10 +116,16 @@ def load_teacher(folder: str, env_cfg) -> Teacher:
                           "env.num_action_chunks); the collector records single actions: use a teacher trained with "
                           "env.num_action_chunks=1")
     privileged = cfg.env.observes_states()
-    if privileged and not type(env_cfg).supports_privileged_states:
+    if privileged and not hook(env_cfg, "supports_privileged_states"):
         raise ConfigError(f"the teacher was trained on state observations, and the '{env_cfg.name}' env family "
                           "cannot give them beside its own (env.privileged_states)")
     return Teacher(cfg.model, folder, privileged)
+
+
+def acting_settings(env_cfg) -> Dict[str, object]:
+    """What decides what an action does in an env: family, task, robot and control keys."""
+    keys = ("name", env_cfg.task_key, env_cfg.robot_key, *hook(env_cfg, "control_keys"))
+    return {key: getattr(env_cfg, key) for key in keys if key}
 
 
 def _describe(keys: Dict[str, object], differ: List[str]) -> str:
@@ -155,7 +162,7 @@ def build_source(plan: Plan, env) -> Callable:
     if plan.teacher is None:
         import importlib
 
-        module, _, name = type(plan.env_cfg).scripted_expert.partition(":")
+        module, _, name = hook(plan.env_cfg, "scripted_expert").partition(":")
         return getattr(importlib.import_module(module), name)(plan.env_cfg, env)
     return _teacher_source(plan.teacher, env)
 

@@ -3,7 +3,7 @@ published format (OpenVLA's Hugging Face layout, LeRobot's policy layout, ...), 
 
 The framework's part is family-blind: find the run's config, build the policy and load the
 checkpoint's weights exactly as an evaluation does, hand them to the family's ``exporter``
-(``ModelConfig.exporter``), write the card, and put the folder in place only once it is whole.
+(its ``exporter`` hook, ``config/family_hooks.py``), write the card, and put the folder in place only once it is whole.
 ``scripts/export.py`` is the command.
 """
 
@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from embodied_async.config.family_hooks import hook
 from embodied_async.run_folder import log_folder
 
 
@@ -148,7 +149,7 @@ def _check_out_apart(out: str, folders) -> None:
 def _exporter(model_cfg) -> Callable[[ExportRequest], ExportResult]:
     import importlib
 
-    spec = type(model_cfg).exporter
+    spec = hook(model_cfg, "exporter")
     if not spec:
         raise ExportError(f"the '{model_cfg.name}' policy family has no published format to export to (its config "
                           "names no exporter): use the checkpoint itself (model.init_from, scripts/eval.py)")

@@ -1,8 +1,8 @@
 """How fast a run goes, as the benchmarks measure it: the machine's cores and steal, the raw env
 rate of a recipe's env processes (no policy, no messages: the simulation's own cost), and a
 training run's steady-state figures from its metrics (env steps/s, each component's busy / waiting
-/ idle share, CPU and traffic per env step). ``scripts/benchmark_throughput.py`` and
-``scripts/benchmark_async_tradeoff.py`` both read them."""
+/ idle share, CPU and traffic per env step). ``benchmarks/throughput.py`` and
+``benchmarks/async_tradeoff.py`` both read them."""
 
 from __future__ import annotations
 

@@ -1,52 +1,22 @@
-"""The RL4VLA story in miniature, on a CPU: for a tiny random-init VLA family, one command runs
-
-1. ``collect``: scripted demonstrations of the task into a LeRobot dataset (the ``collect`` command);
-2. ``sft``: supervised fine-tuning on them (the family's ``maniskill_miniature_sft_*`` recipe),
-   evaluated beside training every ``runner.val_check_interval`` steps;
-3. ``eval_sft``: the SFT checkpoint on ``--eval-episodes`` episodes (the ``eval`` command: greedy tokens
-   for OpenVLA, ``flow_ode`` for Pi0);
-4. ``rl_seed<S>``: async PPO from that checkpoint (``model.init_from``, the
-   ``maniskill_miniature_ppo_*`` recipe, ``runner.seed=S``), evaluated beside training, once per
-   seed of ``--rl-seeds`` (default: ``--seed``);
-5. ``eval_rl_seed<S>``: that run's last checkpoint on the same episode seeds;
-
-Every evaluation scores both the deterministic decision rule and the sampled policy (the one RL
-trains): the two can disagree. It writes ``<out>/record_seed<S>.json`` per RL seed (the SFT
-checkpoint's and that run's evaluations, Wilson 95 % intervals, the curves, each phase's wall time,
-the policy's inference and training cost per decision, where the RL phase's time went) and
-``<out>/record.json`` / ``record.png``: every seed, the mean gain over the seeds with a bootstrap
-95 % interval, the SFT curve and every seed's RL curve.
+"""The RL4VLA story in miniature, on a CPU, one command per tiny random-init VLA family
+(``configs/pipelines/miniature_<family>.yaml``): ``collect`` scripted demonstrations, ``sft`` on
+them, ``eval_sft``, then per RL seed ``rl_seed<S>`` (async PPO from the SFT checkpoint) and
+``eval_rl_seed<S>`` on the same episode seeds, every evaluation under the deterministic decision
+rule and the sampled policy; the record (``embodied_async/records.py``): ``<out>/record.json`` /
+``.png`` and one JSON per RL seed. Phases that finished are kept when the command is repeated and
+rerun when their settings (or those of a phase they stand on) change. ``docs/miniature.md`` is the
+manual: ``--rl-seeds``, ``--rl-recipe``, ``--sft-from``, ``--smoke``, ``--record``, overrides.
 
     .venv/bin/python scripts/miniature.py openvla            # or pi0
-    .venv/bin/python scripts/miniature.py openvla env.task=PullCube-v1 --out logs/miniature_openvla_pull
-    .venv/bin/python scripts/miniature.py pi0 --record benchmarks   # also copy the record there, dated
-    .venv/bin/python scripts/miniature.py openvla --rl-seeds 0 1 2    # one SFT checkpoint, three RL runs
-
-``key=value`` overrides apply to every phase (``env=...``, ``env.*``, ``model.*``); ``sft:key=value``
-or ``rl:key=value`` to one training phase only. A phase that finished is not run again when the
-command is repeated with the same ``--out`` (``--restart`` starts over): a failure or Ctrl-C loses
-only the phase it stopped. Changed settings re-run the first phase they concern and the phases after
-it (``rl:actor.lr=3e-4`` keeps the demonstrations, SFT and its evaluation); more ``--rl-updates``
-than a finished RL run made, all else the same, continue it from its last checkpoint
-(``runner.resume_dir``). ``--sft-from DIR`` runs
-the RL phases in ``--out`` from another folder's SFT checkpoint, so an ablation (one RL variant per
-folder) stands on one warm start:
-
-    .venv/bin/python scripts/miniature.py openvla --out logs/ablate_demo --sft-from logs/miniature_openvla \
-        rl:algorithm.demo_loss_coef=0.3
-
-Bad input prints
-``miniature error: ...`` and exits 2.
+    .venv/bin/python scripts/miniature.py pi0 --rl-seeds 0 1 2 --record benchmarks
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -57,39 +27,34 @@ from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-from embodied_async.seed_statistics import bootstrap_mean  # noqa: E402
+from embodied_async.records import (  # noqa: E402
+    SFT_PHASES,
+    build_record,
+    copy_record,
+    summary_line,
+    summary_record,
+    write_record,
+)
 
-SFT_PHASES = ("collect", "sft", "eval_sft")
 RL_PHASES = ("rl", "eval_rl")  # once per RL seed: rl_seed<S>, eval_rl_seed<S>
 DECISION_RULES = ("deterministic", "sampled")
 STATE_FILE = "pipeline.json"
 EVAL_SEED = 20_260_000  # the episode seeds both evaluations share
 
 
+PIPELINES = os.path.join(REPO_ROOT, "configs", "pipelines")  # miniature.yaml, miniature_<family>.yaml
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
+    """A family's miniature, as ``configs/pipelines/miniature_<family>.yaml`` declares it."""
+
     sft_recipe: str
     rl_recipe: str
-    decision_rule: str  # how evaluation picks an action, for the record
-    # the model keys that shape the sampled policy: the SFT checkpoint's sampled evaluation takes
-    # the RL recipe's values (and rl: overrides of them), so before and after RL sample alike
+    decision_rule: str
     sampling_keys: Sequence[str] = ()
-    # the model keys that shape both decision rules: both evaluations of the SFT checkpoint take the
-    # RL recipe's values, so before and after RL decide alike
     rule_keys: Sequence[str] = ()
-    # full-size SFT steps: enough for the supervised policy to stop improving on its evaluations
     sft_steps: int = 2000
-
-
-FAMILIES: Dict[str, Family] = {
-    # OpenVLA's token loss was still falling at 2000 steps: 0.27 of 100 episodes there, 0.40 at 6000
-    "openvla": Family("maniskill_miniature_sft_openvla", "maniskill_miniature_ppo_openvla", "greedy action tokens",
-                      ("temperature", "top_k"), sft_steps=6000),
-    "pi0": Family("maniskill_miniature_sft_pi0", "maniskill_miniature_ppo_pi0", "flow_ode (no noise)",
-                  ("noise_method", "noise_level", "num_steps", "action_std", "chain_logprob"),
-                  # noise_method too: action_gaussian's chains start from zero, and so does its rule
-                  ("initial_noise_scale", "noise_method")),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,19 +65,17 @@ class Sizes:
     eval_episodes: int
 
 
-# 1000 demonstrations: Pi0's SFT checkpoint succeeds in 0.50 of 100 episodes where 200 gave 0.18, a
-# warm start in the range RL4VLA and pi_RL start from (benchmarks/2026-12-06-miniature-warm-start.md);
-# sft_steps 0: the family's own; rl_updates 0: the recipe's own
-FULL = Sizes(demos=1000, sft_steps=0, rl_updates=0, eval_episodes=100)
-SMOKE = Sizes(demos=2, sft_steps=2, rl_updates=1, eval_episodes=2)
-# a smoke run's training phases: small batches; RL evaluates two episodes after its one update, SFT
-# not beside training (its checkpoint is evaluated next)
-SMOKE_RUN = ["runner.eval_episodes=2", "runner.eval_num_envs=2", "runner.save_interval=0"]
-SMOKE_SFT = ["actor.global_batch_size=4", "actor.micro_batch_size=2", "sft.lr_warmup_steps=1",
-             "runner.val_check_interval=0"]
-SMOKE_RL = ["cluster.component_placement={env: 0, rollout: 1, actor: 2}", "env.num_envs=2", "rollout.num_steps=4",
-            "actor.global_batch_size=8", "actor.micro_batch_size=4", "actor.critic_warmup_steps=0",
-            "runner.val_check_interval=1000000"]
+def pipeline_file(name: str) -> Dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(os.path.join(PIPELINES, f"{name}.yaml")))
+
+
+FAMILIES = {name[len("miniature_"):-len(".yaml")]: Family(**pipeline_file(name[:-len(".yaml")]))
+            for name in sorted(os.listdir(PIPELINES)) if name.startswith("miniature_")}
+SHARED = pipeline_file("miniature")
+FULL, SMOKE = Sizes(**SHARED["full"]), Sizes(**SHARED["smoke"])
+SMOKE_RUN, SMOKE_SFT, SMOKE_RL = (SHARED["smoke_overrides"][k] for k in ("every_run", "sft", "rl"))
 
 
 class PipelineError(Exception):
@@ -254,12 +217,13 @@ class Pipeline:
             self.state["phases"][phase] = result
             self._save_state()
             print(f"[miniature] {phase}: done in {result['seconds']:.0f} s", flush=True)
-        records = [build_record(self.out, self.state, self.args.family, self.family, self.sizes, seed)
+        records = [build_record(self.state, self.args.family, self.family, self.sizes, seed)
                    for seed in self.rl_seeds]
         record = summary_record(records)
         write_record(record, records, self.out)
         if self.args.record:
-            copy_record(self.out, self.args.record, record, records)
+            stem = copy_record(self.out, self.args.record, record, records)
+            print(f"[miniature] records copied to {stem}[-seed<S>].json / .png", flush=True)
         print(summary_line(record) + f"; record: {os.path.join(self.out, 'record.json')} / .png "
               f"({time.time() - started:.0f} s in this command)", flush=True)
 
@@ -527,191 +491,6 @@ def last_checkpoint(log: str) -> str:
 
 
 # ---- the record ---------------------------------------------------------------------------------
-
-def curve(records: List[Dict], x_key: str, episodes: int) -> List[Dict]:
-    """The in-run evaluations: x, success rate and its Wilson interval over ``episodes``."""
-    from embodied_async.evaluation import wilson_interval
-
-    points = []
-    for r in records:
-        rate = r.get("eval/success_rate")
-        if rate is None:
-            continue
-        wins = int(round(rate * episodes))
-        points.append({x_key: r.get(x_key, r.get("step")), "success_rate": rate,
-                       "ci95": list(wilson_interval(wins, episodes)), "episodes": episodes})
-    return points
-
-
-def build_record(out: str, state: Dict, family_name: str, family: Family, sizes: Sizes, rl_seed: int) -> Dict:
-    """One RL seed's record: the SFT checkpoint's and that run's evaluations (both decision rules),
-    the curves, the phases' times and the RL run's costs."""
-    from embodied_async.metrics import decision_costs, read_metrics
-    from embodied_async.run_folder import log_config
-
-    phases = state["phases"]
-    rl, eval_rl = phases[f"rl_seed{rl_seed}"], phases[f"eval_rl_seed{rl_seed}"]
-    sft_cfg, rl_cfg = log_config(phases["sft"]["log"]), log_config(rl["log"])
-    sft_records, rl_records = read_metrics(phases["sft"]["log"]), read_metrics(rl["log"])
-    before = phases["eval_sft"]
-    seconds = {name: phases[name]["seconds"] for name in (*SFT_PHASES, f"rl_seed{rl_seed}", f"eval_rl_seed{rl_seed}")}
-    seconds = {name.replace(f"_seed{rl_seed}", ""): value for name, value in seconds.items()}
-    total = sum(seconds.values())
-    env_cfg = rl_cfg.get("env", {})
-    return {
-        "date": datetime.date.today().isoformat(),
-        "machine": machine(),
-        "family": family_name,
-        "task": env_cfg.get("task") or env_cfg.get("name"),
-        "rl_seed": rl_seed,
-        "env": {k: env_cfg.get(k) for k in ("name", "task", "obs_mode", "image_size", "control_mode",
-                                             "max_episode_steps") if k in env_cfg},
-        "recipes": {"sft": family.sft_recipe, "rl": family.rl_recipe},
-        "settings": {"family": family_name, **dataclasses.asdict(sizes),
-                     **{f"{name}_settings": phases[name]["settings"] for name in ("collect", "sft")},
-                     "rl_settings": rl["settings"]},
-        "demonstrations": {k: phases["collect"][k] for k in ("episodes", "frames")},
-        "evaluation": {**evaluation_pair(before, eval_rl, family.decision_rule, sizes.eval_episodes),
-                       "sampled": evaluation_pair(before.get("sampled"), eval_rl.get("sampled"), "sampled policy",
-                                                  sizes.eval_episodes)},
-        "sft_curve": curve(sft_records, "step", sft_cfg.get("runner", {}).get("eval_episodes", 0)),
-        "rl_curve": curve(rl_records, "env_steps", rl_cfg.get("runner", {}).get("eval_episodes", 0)),
-        "rl_env_steps": rl_records[-1]["env_steps"] if rl_records else 0,
-        "rl_updates": rl_records[-1]["step"] if rl_records else 0,
-        "phase_seconds": seconds,
-        "total_seconds": round(total, 1),
-        "phase_share": {name: round(value / total, 3) for name, value in seconds.items()} if total else {},
-        "rl_costs": decision_costs(rl_records, int(env_cfg.get("num_action_chunks", 1) or 1),
-                                   int(rl_cfg.get("algorithm", {}).get("update_epochs", 1))),
-    }
-
-
-def evaluation_pair(before: Dict, after: Dict, rule: str, episodes: int) -> Dict:
-    """Before and after RL under one decision rule, the gain and whether the intervals are disjoint."""
-    if not before or not after:
-        return {}
-    return {"decision_rule": rule, "episodes": episodes, "seed": before["seed"], "before_rl": _eval_entry(before),
-            "after_rl": _eval_entry(after), "gain": round(after["success_rate"] - before["success_rate"], 3),
-            "intervals_disjoint": after["success_rate_ci95"][0] > before["success_rate_ci95"][1]}
-
-
-def summary_record(records: List[Dict]) -> Dict:
-    """Every RL seed's record and, over the seeds, the mean gain under each decision rule."""
-    first = records[0]
-    gains = {"deterministic": [r["evaluation"]["gain"] for r in records],
-             "sampled": [r["evaluation"]["sampled"]["gain"] for r in records if r["evaluation"]["sampled"]]}
-    before = first["evaluation"]["before_rl"]
-    return {
-        **{key: first[key] for key in ("date", "machine", "family", "task", "env", "recipes", "demonstrations",
-                                       "sft_curve")},
-        "rl_seeds": [r["rl_seed"] for r in records],
-        "before_rl": before,
-        "gain": {rule: bootstrap_mean(values) for rule, values in gains.items() if values},
-        # the issue's bar: each seed's after-RL success above the SFT checkpoint's interval
-        "every_seed_above_sft_interval": all(r["evaluation"]["after_rl"]["success_rate"] > before["ci95"][1]
-                                             for r in records),
-        "seeds": records,
-    }
-
-
-def _eval_entry(result: Dict) -> Dict:
-    return {"success_rate": result["success_rate"], "ci95": result["success_rate_ci95"],
-            "episode_length": result["episode_length"], "checkpoint": result["checkpoint"]}
-
-
-def machine() -> Dict:
-    model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "host": platform.node()}
-
-
-def write_record(record: Dict, records: List[Dict], out: str) -> None:
-    for seed_record in records:
-        with open(os.path.join(out, f"record_seed{seed_record['rl_seed']}.json"), "w") as f:
-            json.dump(seed_record, f, indent=1)
-    with open(os.path.join(out, "record.json"), "w") as f:
-        json.dump(record, f, indent=1)
-    write_chart(record, os.path.join(out, "record.png"))
-
-
-def _with_interval(axis, xs, points_or_entries, **style) -> None:
-    rates = [p["success_rate"] for p in points_or_entries]
-    errors = [[r - p["ci95"][0] for r, p in zip(rates, points_or_entries)],
-              [p["ci95"][1] - r for r, p in zip(rates, points_or_entries)]]
-    axis.errorbar(xs, rates, yerr=errors, capsize=3, **style)
-
-
-def write_chart(record: Dict, path: str) -> None:
-    """SFT's curve and its checkpoint's evaluation (left); every RL seed's curve and final
-    evaluation, from the SFT checkpoint at 0 env steps (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    before = record["before_rl"]
-    points = record["sft_curve"]
-    end = max([p["step"] for p in points], default=0)
-    if points:
-        _with_interval(left, [p["step"] for p in points], points, marker="o",
-                       label=f"beside training ({points[0]['episodes']} episodes)")
-    _with_interval(left, [end], [before], marker="s", color="black", label="the SFT checkpoint")
-    _with_interval(right, [0], [before], marker="s", color="gray", label="the SFT checkpoint (start)")
-    for index, seed_record in enumerate(record["seeds"]):
-        color = f"C{index}"
-        curve_points, after = seed_record["rl_curve"], seed_record["evaluation"]["after_rl"]
-        if curve_points:
-            _with_interval(right, [p["env_steps"] for p in curve_points], curve_points, marker="o", color=color,
-                           alpha=0.6, label=f"seed {seed_record['rl_seed']} beside training")
-        last = max([p["env_steps"] for p in curve_points], default=0)
-        _with_interval(right, [last], [after], marker="s", color=color, label=f"seed {seed_record['rl_seed']} final")
-    for axis, label in ((left, "SFT steps"), (right, "RL env steps")):
-        axis.set_xlim(left=0)
-        axis.set_xlabel(label)
-        axis.grid(alpha=0.3)
-        axis.legend(loc="lower right", fontsize=7)
-    left.set_ylabel("success rate (Wilson 95 %)")
-    left.set_ylim(-0.02, 1.02)
-    gain = record["gain"]["deterministic"]
-    fig.suptitle(f"{record['family']} (tiny, random init) on {record['task']}: SFT {before['success_rate']:.2f}, "
-                 f"mean gain {gain['mean']:+.2f} [{gain['ci95'][0]:+.2f}, {gain['ci95'][1]:+.2f}] over "
-                 f"{gain['n']} RL seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def copy_record(out: str, folder: str, record: Dict, records: List[Dict]) -> None:
-    """Into ``folder``, dated: one JSON per RL seed, the summary JSON and its chart."""
-    os.makedirs(folder, exist_ok=True)
-    task = re.sub(r"[^A-Za-z0-9]+", "-", str(record["task"])).strip("-").lower()
-    stem = os.path.join(folder, f"{record['date']}-miniature-{record['family']}-{task}")
-    for seed_record in records:
-        shutil.copyfile(os.path.join(out, f"record_seed{seed_record['rl_seed']}.json"),
-                        f"{stem}-seed{seed_record['rl_seed']}.json")
-    shutil.copyfile(os.path.join(out, "record.json"), stem + ".json")
-    shutil.copyfile(os.path.join(out, "record.png"), stem + ".png")
-    print(f"[miniature] records copied to {stem}[-seed<S>].json / .png", flush=True)
-
-
-def summary_line(record: Dict) -> str:
-    interval = lambda e: f"{e['success_rate']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"  # noqa: E731
-    before = record["before_rl"]
-    afters = ", ".join(f"seed {r['rl_seed']} {interval(r['evaluation']['after_rl'])}" for r in record["seeds"])
-    gains = "; ".join(f"{rule} {g['mean']:+.2f} [{g['ci95'][0]:+.2f}, {g['ci95'][1]:+.2f}]"
-                      for rule, g in record["gain"].items())
-    episodes = record["seeds"][0]["evaluation"]["episodes"]
-    seconds = [r["phase_seconds"] for r in record["seeds"]]
-    minutes = (sum(seconds[0][name] for name in SFT_PHASES) + sum(s["rl"] + s["eval_rl"] for s in seconds)) / 60
-    return (f"[miniature] {record['family']} on {record['task']}: success after SFT {interval(before)}, after RL "
-            f"{afters} ({episodes} episodes each, same seeds); mean gain over {len(record['seeds'])} RL seeds: "
-            f"{gains}; {minutes:.1f} min of phases")
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,6 +43,7 @@ def libero_python_env() -> str:
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "support"))
 sys.path.append(os.path.join(REPO_ROOT, "scripts"))  # tests import a script's functions as a module
+sys.path.append(os.path.join(REPO_ROOT, "benchmarks"))  # and a benchmark's
 
 # A PushCube run small enough for a test: 2 updates of 4 envs x 8 steps.
 SMALL = {

@@ -68,3 +68,12 @@ def test_every_family_declares_its_config_where_the_map_says():
             if module != f"configuration_{package}" and not beside_checkpoint_config:
                 misplaced.append(f"{section} {name}: {cls.__module__}")
     assert misplaced == []
+
+
+def test_it_draws_the_path_from_the_command_to_the_first_gradient_in_at_most_four_files():
+    text = architecture()
+    section = text.split("### From the command to the first gradient", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\d+\. (\S+\.py)", section, flags=re.M)
+    assert 1 <= len(steps) <= 4 and steps[0] == "embodied_async/cli/train.py" and steps[-1].endswith("ppo.py")
+    assert all(os.path.isfile(os.path.join(REPO_ROOT, step)) for step in steps)
+    assert "backward" in section

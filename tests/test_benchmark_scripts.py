@@ -62,7 +62,7 @@ def test_the_baseline_evaluates_each_version_on_the_graphs_episodes():
 
 
 def test_time_to_success_reads_the_update_that_made_the_evaluated_version():
-    bench = load_script("scripts", "benchmark_throughput.py")
+    bench = load_script("benchmarks", "throughput.py")
     records = [{"step": 1, "env_steps": 800, "wall_time_s": 2.0, "train_time_s": 2.0},
                {"step": 2, "env_steps": 1600, "wall_time_s": 5.0, "train_time_s": 4.0, "eval/success_rate": 0.5,
                 "eval/version": 2.0},
@@ -78,7 +78,7 @@ def test_time_to_success_reads_the_update_that_made_the_evaluated_version():
 
 
 def test_parity_reads_first_passages_and_pairs_seeds_in_its_ratio():
-    parity = load_script("scripts", "benchmark_parity.py")
+    parity = load_script("benchmarks", "parity.py")
     records = [{"step": 5, "env_steps": 4000, "train_time_s": 10.0},
                {"step": 6, "env_steps": 4800, "train_time_s": 12.0, "eval/success_rate": 0.5, "eval/version": 5.0},
                {"step": 10, "env_steps": 8000, "train_time_s": 20.0},
@@ -106,7 +106,7 @@ def test_the_rl_phase_benchmark_rates_the_steady_updates_and_the_trained_decisio
     trained decision; and the miniature's bootstrap of the mean gain over RL seeds."""
     import json
 
-    bench = load_script("scripts", "benchmark_rl_phase.py")
+    bench = load_script("benchmarks", "rl_phase.py")
     log = tmp_path / "run"
     (log / ".hydra").mkdir(parents=True)
     (log / ".hydra" / "config.yaml").write_text("env: {num_action_chunks: 1}\nalgorithm: {update_epochs: 2}\n")
@@ -119,8 +119,9 @@ def test_the_rl_phase_benchmark_rates_the_steady_updates_and_the_trained_decisio
     result = bench.measure(str(log), warmup=2)
     assert result["env_steps_per_s"] == 160.0 and result["updates"] == 4  # 4 x 640 steps in 16 s
     assert result["training_ms_per_decision"] == 5.0  # 6 x 1.6 s over 6 x 320 trained decisions
-    miniature = load_script("scripts", "miniature.py")
-    gain = miniature.bootstrap_mean([0.16, 0.10, 0.22])
+    from embodied_async.seed_statistics import bootstrap_mean  # the miniature record's (records.summary_record)
+
+    gain = bootstrap_mean([0.16, 0.10, 0.22])
     assert gain["mean"] == 0.16 and gain["n"] == 3
     assert 0.10 <= gain["ci95"][0] < 0.16 < gain["ci95"][1] <= 0.22
 
@@ -129,7 +130,7 @@ def test_the_default_recipe_guard_reads_the_stop_and_pairs_codes_by_seed():
     """The run's figures at the record whose evaluation first reached 0.9 (where it stopped); a run
     that never did gives its last record as a lower bound; ratios pair this code's seed k with the
     reference's seed k."""
-    guard = load_script("scripts", "benchmark_default_recipe.py")
+    guard = load_script("benchmarks", "default_recipe.py")
     records = [{"step": 1, "env_steps": 800, "train_time_s": 2.0, "train/actor/epochs": 8.0},
                {"step": 2, "env_steps": 1600, "train_time_s": 4.0, "train/actor/epochs": 6.0,
                 "eval/success_rate": 0.5},
@@ -160,7 +161,7 @@ def test_the_default_recipe_guard_compares_learning_figures_and_not_clocks():
     """The deterministic graph's records of two codes: clocks, traffic and the counts taken when the
     runner asks may differ; a learning figure that differs names its first update; a figure only
     one code writes is new, not a difference."""
-    guard = load_script("scripts", "benchmark_default_recipe.py")
+    guard = load_script("benchmarks", "default_recipe.py")
 
     def record(step, loss, **extra):
         return {"step": step, "train/actor/policy_loss": loss, "env/episode_return": 2.0 * step,
@@ -196,7 +197,7 @@ def _tradeoff_records(rate_s_per_update, successes, kl, lag1):
 
 
 def test_the_async_tradeoff_benchmark_reads_throughput_lag_and_learning_per_setting():
-    bench = load_script("scripts", "benchmark_async_tradeoff.py")
+    bench = load_script("benchmarks", "async_tradeoff.py")
     assert bench.setting_overrides("sync", 0.0) == ["algorithm.staleness_threshold=0"]
     assert bench.setting_overrides("2", 0.0) == ["algorithm.staleness_threshold=2"]
     assert "algorithm.staleness_control=kl" in bench.setting_overrides("kl", 0.0)

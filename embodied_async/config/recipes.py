@@ -2,8 +2,9 @@
 checkpoint (the run's saved config), or a model (a folder or hub id, under its family's recipe),
 with ``key=value`` overrides on top (``env=<yaml>`` / ``model=<yaml>`` pick a group's file).
 
-The launcher composes through Hydra itself; every script composes here, and asks a family's config
-class what it needs to know of the family (``ModelConfig.default_recipe`` / ``recognizes``).
+The launcher composes through Hydra itself; every other command composes here, and asks a family
+what it needs to know of it through its hooks (``default_recipe``, ``recognizes``,
+``renamed_recipe_parts``: ``config/family_hooks.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from typing import Optional, Sequence, Tuple
 
 from embodied_async.config.checks import ConfigError
+from embodied_async.config.family_hooks import hook
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 GROUPS = ("env", "model")
@@ -37,14 +39,14 @@ def group_names(group: str) -> list:
 
 
 def renamed_recipe(recipe: str) -> Optional[str]:
-    """The new name of a recipe that was renamed (``ModelConfig.renamed_recipe_parts``: recipes are
+    """The new name of a recipe that was renamed (the families' ``renamed_recipe_parts``: recipes are
     named by the family they train), None when ``recipe`` is not such a name."""
     from embodied_async.registry import families
 
     if os.path.isfile(os.path.join(CONFIG_DIR, f"{recipe}.yaml")):
         return None
     for cls in families("model").values():
-        for old, new in cls.renamed_recipe_parts.items():
+        for old, new in hook(cls, "renamed_recipe_parts").items():
             renamed = recipe.replace(old, new)
             if old in recipe and os.path.isfile(os.path.join(CONFIG_DIR, f"{renamed}.yaml")):
                 return renamed
@@ -153,7 +155,7 @@ def _saved_logger_choice(raw) -> None:
 
 def model_family(target: str) -> str:
     """The policy family a model folder or hub id holds, as the families' config classes recognise
-    it (``ModelConfig.recognizes``); ConfigError when none or several do."""
+    it (their ``recognizes`` hook); ConfigError when none or several do."""
     from embodied_async.registry import families
 
     path = os.path.join(target, "config.json")
@@ -161,7 +163,8 @@ def model_family(target: str) -> str:
     if os.path.isfile(path):
         with open(path) as f:
             config = json.load(f)
-    claimed = [name for name, cls in families("model").items() if cls.recognizes(target, config)]
+    claimed = [name for name, cls in families("model").items()
+               if hook(cls, "recognizes") is not None and cls.recognizes(target, config)]
     if len(claimed) != 1:
         raise ConfigError(f"{target}: cannot tell which policy family it holds ({'none' if not claimed else claimed} "
                           "recognises it); pass the recipe to evaluate it under")
@@ -174,7 +177,7 @@ def model_config(target: str, recipe: Optional[str], overrides: Sequence[str] = 
 
     if recipe is None:
         family = model_family(target)
-        recipe = family_config("model", family).default_recipe
+        recipe = hook(family_config("model", family), "default_recipe")
         if recipe is None:
             raise ConfigError(f"{target}: the '{family}' policy family names no default recipe; pass one")
     raw = compose_recipe(recipe, [f"model.path={target}", *overrides])

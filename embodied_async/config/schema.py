@@ -34,7 +34,7 @@ class ClusterConfig:
     component_placement: Dict[str, str] = field(default_factory=dict)
     cpu_threads_per_worker: int = 1  # torch intra-op threads per worker process on CPU (many share few cores)
     # under Ray: "auto": point to point over a Unix socket where sender and receiver share a node, through a
-    # channel actor otherwise; "ray": always channel actors (slower; scripts/benchmark_throughput.py compares)
+    # channel actor otherwise; "ray": always channel actors (slower; benchmarks/throughput.py compares)
     channel_transport: str = "auto"
 
 
@@ -94,9 +94,6 @@ class EnvConfig:
     task_key: ClassVar[Optional[str]] = None
     # the family's key naming its robot (e.g. "robot"); None: the task decides the robot
     robot_key: ClassVar[Optional[str]] = None
-    # keys beside the task and the robot that decide what an action does (e.g. "control_mode"): a
-    # teacher's actions mean the same only where they agree (runner.mode=collect)
-    control_keys: ClassVar[Tuple[str, ...]] = ()
     # keys renamed since the last release (old -> new): a value under the old name still works,
     # with a warning naming the new one (the family keeps the old field, default None, until then)
     renamed_keys: ClassVar[Dict[str, str]] = {}
@@ -107,11 +104,8 @@ class EnvConfig:
     python_env: ClassVar[Optional[str]] = None
     # families whose episodes can go on past a success say so (env.end_on_success=false)
     can_run_past_success: ClassVar[bool] = False
-    # families that can give privileged_states say so
-    supports_privileged_states: ClassVar[bool] = False
-    # "module:callable" building the family's scripted expert, ``expert(env_cfg, env)``: a callable
-    # ``obs -> actions [B, C, A]`` that solves the configured task (None: the family has none)
-    scripted_expert: ClassVar[Optional[str]] = None
+    # what a command or mode asks of the family besides (scripted_expert, supports_privileged_states,
+    # control_keys): config/family_hooks.py
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``env.<key>`` and the fix).
@@ -126,11 +120,6 @@ class EnvConfig:
     def robot_name(self) -> Optional[str]:
         """The robot, as its family names it; None where the task decides it."""
         return getattr(self, self.robot_key) if self.robot_key else None
-
-    def acting_settings(self) -> Dict[str, object]:
-        """What decides what an action does in this env: family, task, robot and control keys."""
-        keys = ("name", self.task_key, self.robot_key, *self.control_keys)
-        return {key: getattr(self, key) for key in keys if key}
 
     def observes_states(self) -> bool:
         """Whether its observations are the task's state vector (what ``privileged_states`` gives
@@ -196,20 +185,10 @@ class ModelConfig:
     # the levels of log-prob the family's policy reports (algorithm.logprob_type); a family with
     # "token_level" has a ``logprob_type`` attribute that build_policy sets
     logprob_types: ClassVar[Tuple[str, ...]] = ("chunk_level",)
-    # the recipe to suggest when a GPU recipe of this family meets a machine without GPUs
-    cpu_recipe: ClassVar[Optional[str]] = None
     # the module holding the family's dry-run arithmetic (see memory_estimate)
     memory_model: ClassVar[Optional[str]] = None
-    # the recipe a model of this family (a folder or hub id, not a run's checkpoint) is evaluated
-    # under by default (the eval command); None: the user names one
-    default_recipe: ClassVar[Optional[str]] = None
-    # parts of recipe names this family's recipes no longer use, and what stands there now: a
-    # recipe named the old way is refused naming the new name
-    renamed_recipe_parts: ClassVar[Dict[str, str]] = {}
-    # "module:callable" writing a trained policy in the family's own published format
-    # (``embodied_async.export.ExportRequest -> ExportResult``, the export command); None: the
-    # family has none, and an export is refused naming it
-    exporter: ClassVar[Optional[str]] = None
+    # what a command asks of the family besides (default_recipe, recognizes, cpu_recipe,
+    # renamed_recipe_parts, exporter): config/family_hooks.py
 
     def check(self) -> None:
         """The family's own start-up checks (raise ``ConfigError`` naming ``model.<key>`` and the fix)."""
@@ -240,12 +219,6 @@ class ModelConfig:
     def memory_notes(self) -> List[str]:
         """Assumptions behind ``memory_estimate`` worth printing with it."""
         return self._memory_model().notes(self) if self.memory_model else []
-
-    @classmethod
-    def recognizes(cls, target: str, config: Optional[Dict]) -> bool:
-        """Whether the model folder or hub id ``target`` holds a checkpoint of this family
-        (``config``: its ``config.json``, None when it has none, e.g. a hub id not yet fetched)."""
-        return False
 
     def _memory_model(self):
         import importlib
@@ -419,7 +392,7 @@ class RunnerConfig:
     # False: an evaluation runs beside training (in the rollout process, on its own envs). True:
     # the graph stands still while it runs (the rollout acts for no env, the actor starts no
     # update), it scores the version just trained, and `train_time_s` in the metrics leaves it out,
-    # as a synchronous loop's clock does (scripts/benchmark_throughput.py times runs this way)
+    # as a synchronous loop's clock does (benchmarks/throughput.py times runs this way)
     eval_pauses_training: bool = False
     eval_episodes: int = 32
     eval_num_envs: int = 8

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from embodied_async.config.checks import ConfigError, require
+from embodied_async.config.family_hooks import hook
 from embodied_async.config.placement import DEFAULT_COMPONENTS as COMPONENTS
 from embodied_async.config.placement import PlacementError, detect_num_gpus, parse_placement
 
@@ -67,7 +68,7 @@ def _parse(cfg, num_gpus: Optional[int]):
     if kind == "auto":
         kind = "gpu" if num_gpus > 0 else "cpu"
     if kind == "gpu" and num_gpus == 0 and cfg.cluster.num_nodes == 1 and not os.environ.get("RAY_ADDRESS"):
-        recipe = type(cfg.model).cpu_recipe
+        recipe = hook(cfg.model, "cpu_recipe")
         suggestion = f"'bash scripts/run_async.sh {recipe}'" if recipe else "one listed by 'ls configs/'"
         raise ConfigError(f"cluster.device_type=gpu asks for GPUs, but this machine has none (the placement names "
                           f"{dict(cfg.cluster.component_placement)}). Use a CPU recipe such as {suggestion}, "

@@ -17,6 +17,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from embodied_async.config.batches import update_batches
 from embodied_async.config.checks import ConfigError, bound, choice, positive, require
+from embodied_async.config.family_hooks import hook
 from embodied_async.config.mode_checks import check_mode
 from embodied_async.config.mode_sections import OFFLINE_MODES
 from embodied_async.config.schema import (
@@ -327,7 +328,7 @@ def _check_counts(cfg: TrainConfig) -> None:
     require(cfg.env.end_on_success or not cfg.env.terminal_on_success,
             "env.terminal_on_success=true with env.end_on_success=false: no episode ends at success, so there is "
             "no such end to treat as terminal; remove one of them")
-    require(not cfg.env.privileged_states or type(cfg.env).supports_privileged_states,
+    require(not cfg.env.privileged_states or hook(cfg.env, "supports_privileged_states"),
             f"env.privileged_states=true, but the '{cfg.env.name}' env family cannot give them: set it to false")
 
 

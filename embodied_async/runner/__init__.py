@@ -1,7 +1,9 @@
-"""The runner: one step loop (``loop.Runner``) for every training mode. A mode (``MODES``, chosen
-by ``runner.mode``) builds its graph of workers and supplies its step (``graph.Mode``); the loop
-owns stopping, saving, evaluation, metrics and Ctrl-C. A new mode is a ``Mode`` subclass and a row
-of ``MODES`` (and its name in ``config.schema.RUNNER_MODES``)."""
+"""The runner: one step loop (``loop.Runner``) for every mode: ``ppo`` and ``sft`` train,
+``collect`` and ``eval`` train nothing. A mode (``MODES``, chosen by ``runner.mode``) builds its
+graph of workers and supplies its step (``graph.Mode``); the loop owns stopping, saving,
+evaluation, metrics and Ctrl-C. A new mode (e.g. DAgger) is a ``Mode`` subclass and a row of
+``MODES`` (and its name in ``config.schema.RUNNER_MODES``); its command is a row of
+``cli.COMMANDS``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The one step loop, for every training mode: it asks the mode (``runner.mode``, ``modes.MODES``)
-for its graph and its step, and owns what every run does around them: stopping (``max_steps``,
-``max_env_steps``, ``stop_at_eval_success``), checkpoints (through ``run_folder``), evaluations
-(beside training or paused), metrics and progress, and the signals that stop or checkpoint a run
-(``signals``: Ctrl-C, a scheduler's SIGTERM, SIGUSR1). It owns no model math."""
+"""The one step loop, for every mode: it asks the mode (``runner.mode``, ``modes.MODES``) for its
+graph and its step (a training mode's step: the actor ranks' ``train_step``; a collection's: an
+episode per env worker; an evaluation's: every evaluator's share), and owns what every run does
+around them: stopping (``max_steps`` or the mode's own end, ``max_env_steps``,
+``stop_at_eval_success``), checkpoints (through ``run_folder``, for a mode that trains),
+evaluations (beside training or paused), metrics and progress, and the signals that stop or
+checkpoint a run (``signals``: Ctrl-C, a scheduler's SIGTERM, SIGUSR1). It owns no model math."""
 
 from __future__ import annotations
 

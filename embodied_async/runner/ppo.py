@@ -90,7 +90,7 @@ class PPOMode(Mode):
     def step_record(self, graph: Graph, metrics: Dict[str, float], interval_s: float,
                     loops: List[Pending]) -> Dict[str, float]:
         """The update's metrics, the env workers' pooled, the rollout workers' (time: their mean;
-        CPU and traffic: sums) and each channel's queue size (flat over a long run: scripts/soak.py)."""
+        CPU and traffic: sums) and each channel's queue size (flat over a long run: benchmarks/soak.py)."""
         env_parts = wait_all(graph.env.call("pop_metrics"), watch=loops)
         rollout_parts = wait_all(graph.rollout.call("pop_metrics"), watch=loops)
         record = dict(metrics)

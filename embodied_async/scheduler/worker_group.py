@@ -65,7 +65,7 @@ def init_ray(num_nodes: int) -> None:
         kwargs["_temp_dir"] = ray_temp_dir()
         kwargs["num_cpus"] = max(os.cpu_count() or 1, 4)
         # Ray keeps an event record of every call in its GCS daemon, up to 100k by default: over a
-        # long run that grew it by ~250 MB (scripts/soak.py). Our actors opt out of the records
+        # long run that grew it by ~250 MB (benchmarks/soak.py). Our actors opt out of the records
         # (enable_task_events=False); the bound covers whatever else records them.
         kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": 1000}
     try:

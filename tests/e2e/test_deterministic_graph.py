@@ -1,8 +1,8 @@
 """The deterministic graph that the default recipe's guard compares two codes on
-(``scripts/benchmark_default_recipe.py``, its same-learning check): one env process, synchronous
+(``benchmarks/default_recipe.py``, its same-learning check): one env process, synchronous
 updates and paused evaluations repeat a run's learning to the last bit, through Ray."""
 
-import benchmark_default_recipe as guard
+import default_recipe as guard
 import pytest
 from conftest import run_recipe
 

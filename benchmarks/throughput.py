@@ -26,9 +26,9 @@ stopped meanwhile (the recipe with ``runner.eval_pauses_training=true``; ``--eva
 adds runs with its evaluations beside training, as it runs by default). Each recipe run leaves its
 final checkpoint, which ``--resume`` can take.
 
-    .venv/bin/python scripts/benchmark_throughput.py                      # ~5-10 min on 2 cores
-    .venv/bin/python scripts/benchmark_throughput.py --to-success 0.9 --seeds 0 1 2 --skip raw_env local_sync ray_sync
-    .venv/bin/python scripts/benchmark_throughput.py --skip raw_env \
+    .venv/bin/python benchmarks/throughput.py                      # ~5-10 min on 2 cores
+    .venv/bin/python benchmarks/throughput.py --to-success 0.9 --seeds 0 1 2 --skip raw_env local_sync ray_sync
+    .venv/bin/python benchmarks/throughput.py --skip raw_env \
         --resume logs/<out>/recipe_seed0/checkpoints/global_step_<N>
 
 Writes ``<out>/throughput.json`` and ``<out>/throughput.png`` (default ``logs/throughput-<time>``).
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from typing import Dict, List, Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from embodied_async.records import machine  # noqa: E402
 from embodied_async.throughput import (  # noqa: E402  (after the repository is on the path)
     compose,
     cpu_times,
@@ -57,7 +57,7 @@ from embodied_async.throughput import (  # noqa: E402  (after the repository is 
 )
 
 PHASES = ("raw_env", "local_sync", "ray_sync", "ray_async", "ray_async_relayed")
-EVAL_EPISODES = 32  # per evaluation of --to-success, in both loops (scripts/benchmark_parity.py: 128)
+EVAL_EPISODES = 32  # per evaluation of --to-success, in both loops (benchmarks/parity.py: 128)
 
 
 # ---- 2. the single-file baseline (1, the raw env rate, lives in embodied_async.throughput) --------
@@ -171,7 +171,7 @@ def write_chart(report: Dict, path: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="maniskill_async_ppo_mlp")
     parser.add_argument("--env-steps", type=int, default=24_000, help="env steps of each throughput run")
@@ -190,40 +190,32 @@ def main() -> None:
                              "single-file baseline cannot resume it and is left out)")
     parser.add_argument("--out", default=None)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the recipe")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"throughput-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(out_dir, exist_ok=True)
-    cfg, topology = compose(args.config, args.overrides)
-    cores = num_cores()
-    workers = {"env": topology.num_env_workers, "rollout": topology.num_rollout_workers,
-               "actor": topology.actor_world_size}
-    import ray
-    import torch
 
-    report: Dict = {"config": args.config, "overrides": args.overrides, "env_steps_per_run": args.env_steps,
-                    "machine": {"cores": cores, "cpu": platform.processor() or platform.machine(),
-                                "python": platform.python_version(), "torch": torch.__version__,
-                                "ray": ray.__version__},
-                    "placement": dict(cfg.cluster.component_placement), "workers": workers,
-                    "pipeline_stages": topology.stages, "num_envs": cfg.env.num_envs, "phases": {}}
-    phases = report["phases"]
-    common = [f"runner.max_env_steps={args.env_steps}", "runner.max_steps=1000000", "runner.val_check_interval=0",
-              "runner.save_interval=0", "runner.logger.backends=[]"]
-    if args.resume:
-        args.skip = [*args.skip, "local_sync"]
-        from embodied_async.run_folder import read_runner_state
+def run_overrides(args, cfg, report: Dict) -> List[str]:
+    """What every timed run of the recipe adds: a fixed number of env steps, no evaluation or
+    checkpoint; with ``--resume``, as many updates on from that checkpoint."""
+    if not args.resume:
+        return [f"runner.max_env_steps={args.env_steps}", "runner.max_steps=1000000", "runner.val_check_interval=0",
+                "runner.save_interval=0", "runner.logger.backends=[]"]
+    args.skip = [*args.skip, "local_sync"]
+    from embodied_async.run_folder import read_runner_state
 
-        resumed = read_runner_state(args.resume)
-        per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
-        updates = -(-args.env_steps // per_update)
-        common = [f"runner.resume_dir={os.path.abspath(args.resume)}", f"runner.max_steps={resumed['step'] + updates}",
-                  "runner.val_check_interval=0", "runner.save_interval=0", "runner.logger.backends=[]"]
-        report["resumed_from"] = {"checkpoint": args.resume, "step": resumed["step"], "env_steps": resumed["env_steps"]}
+    resumed = read_runner_state(args.resume)
+    per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
+    updates = -(-args.env_steps // per_update)
+    report["resumed_from"] = {"checkpoint": args.resume, "step": resumed["step"], "env_steps": resumed["env_steps"]}
+    return [f"runner.resume_dir={os.path.abspath(args.resume)}", f"runner.max_steps={resumed['step'] + updates}",
+            "runner.val_check_interval=0", "runner.save_interval=0", "runner.logger.backends=[]"]
+
+
+def measure_phases(args, common: List[str], out_dir: str, cores: int, workers: Dict[str, int]) -> tuple:
+    """Each phase's run, a raw env measurement just before it; ``(phases, raw runs)``."""
     runs = {"ray_sync": ["algorithm.staleness_threshold=0"], "ray_async": [],
             "ray_async_relayed": ["cluster.channel_transport=ray"]}
     todo = [p for p in PHASES if p not in args.skip and (p != "ray_async_relayed" or args.relayed)]
-    raw_runs = []
+    phases, raw_runs = {}, []
     for phase in todo:
         if phase == "local_sync" and not baseline_applies(args.config, args.overrides):
             print("[benchmark] local_sync skipped: the baseline runs PushCube-v1 state only", flush=True)
@@ -251,7 +243,13 @@ def main() -> None:
         phases[phase] = result
         print(f"[benchmark] {phase}: {result['env_steps_per_s']} env steps/s (steal {result['steal_share']}; raw env "
               f"just before: {raw['env_steps_per_s']})", flush=True)
+    return phases, raw_runs
 
+
+def add_compute_bound(report: Dict, raw_runs: List[Dict], cores: int) -> None:
+    """The rate the cores allow for the measured work (simulation, inference, training) and each
+    run against it, and the bound of a perfectly overlapped synchronous run."""
+    phases = report["phases"]
     if raw_runs and "ray_sync" in phases:
         work = phases["ray_sync"]["cpu_ms_per_env_step"]
         inference, training = work["rollout"]["work"], work["actor"]["work"]
@@ -279,7 +277,10 @@ def main() -> None:
         # perfect overlap: collection and training side by side, unless the cores run out first
         overlapped = max(sync["collect_s"], sync["train_s"], busy_cpu_s / cores)
         report["overlap_bound"] = round(sync["wall_s"] / overlapped, 3)
-    ratios = report["ratios"] = {}
+
+
+def add_ratios(report: Dict) -> None:
+    phases, ratios = report["phases"], report.setdefault("ratios", {})
     for phase in ("local_sync", "ray_sync", "ray_async", "ray_async_relayed"):
         if phase in phases and "over_limit" in phases[phase]:
             ratios[f"{phase}_over_limit"] = phases[phase]["over_limit"]
@@ -292,26 +293,52 @@ def main() -> None:
         ratios["async_over_local_sync"] = round(phases["ray_async"]["env_steps_per_s"]
                                                 / phases["local_sync"]["env_steps_per_s"], 3)
 
-    if args.to_success is not None:
-        report["time_to_success"] = {"target": args.to_success, "baseline": {}, "recipe": {}}
-        for seed in args.seeds:
-            if baseline_applies(args.config, args.overrides):
-                print(f"[benchmark] baseline to {args.to_success}, seed {seed} ...", flush=True)
-                result = run_baseline(args, seed, None, args.to_success, os.path.join(out_dir, f"baseline_seed{seed}"))
-                report["time_to_success"]["baseline"][seed] = result["reached"]
-                print(f"[benchmark] baseline seed {seed}: {result['reached']}", flush=True)
-            print(f"[benchmark] recipe to {args.to_success}, seed {seed} ...", flush=True)
-            report["time_to_success"]["recipe"][seed] = time_recipe_to_success(args, seed, out_dir, False)
-            print(f"[benchmark] recipe seed {seed}: {report['time_to_success']['recipe'][seed]}", flush=True)
-            if args.eval_beside_training:
-                beside = report["time_to_success"].setdefault("recipe_eval_beside_training", {})
-                beside[seed] = time_recipe_to_success(args, seed, out_dir, True)
-                print(f"[benchmark] recipe (evaluation beside training) seed {seed}: {beside[seed]}", flush=True)
-        report["time_to_success"]["means"] = success_means(report["time_to_success"])
 
+def times_to_success(args, out_dir: str) -> Dict:
+    """``--to-success``: per seed, the baseline's and the recipe's env steps and seconds to it."""
+    found = {"target": args.to_success, "baseline": {}, "recipe": {}}
+    for seed in args.seeds:
+        if baseline_applies(args.config, args.overrides):
+            print(f"[benchmark] baseline to {args.to_success}, seed {seed} ...", flush=True)
+            result = run_baseline(args, seed, None, args.to_success, os.path.join(out_dir, f"baseline_seed{seed}"))
+            found["baseline"][seed] = result["reached"]
+            print(f"[benchmark] baseline seed {seed}: {result['reached']}", flush=True)
+        print(f"[benchmark] recipe to {args.to_success}, seed {seed} ...", flush=True)
+        found["recipe"][seed] = time_recipe_to_success(args, seed, out_dir, False)
+        print(f"[benchmark] recipe seed {seed}: {found['recipe'][seed]}", flush=True)
+        if args.eval_beside_training:
+            beside = found.setdefault("recipe_eval_beside_training", {})
+            beside[seed] = time_recipe_to_success(args, seed, out_dir, True)
+            print(f"[benchmark] recipe (evaluation beside training) seed {seed}: {beside[seed]}", flush=True)
+    found["means"] = success_means(found)
+    return found
+
+
+def main() -> None:
+    args = parse_args()
+    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"throughput-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out_dir, exist_ok=True)
+    cfg, topology = compose(args.config, args.overrides)
+    cores = num_cores()
+    workers = {"env": topology.num_env_workers, "rollout": topology.num_rollout_workers,
+               "actor": topology.actor_world_size}
+    import ray
+    import torch
+
+    report: Dict = {"config": args.config, "overrides": args.overrides, "env_steps_per_run": args.env_steps,
+                    "machine": {**machine(), "cores": cores, "torch": torch.__version__,
+                                "ray": ray.__version__},
+                    "placement": dict(cfg.cluster.component_placement), "workers": workers,
+                    "pipeline_stages": topology.stages, "num_envs": cfg.env.num_envs}
+    common = run_overrides(args, cfg, report)
+    report["phases"], raw_runs = measure_phases(args, common, out_dir, cores, workers)
+    add_compute_bound(report, raw_runs, cores)
+    add_ratios(report)
+    if args.to_success is not None:
+        report["time_to_success"] = times_to_success(args, out_dir)
     with open(os.path.join(out_dir, "throughput.json"), "w") as f:
         json.dump(report, f, indent=1)
-    if phases:
+    if report["phases"]:
         write_chart(report, os.path.join(out_dir, "throughput.png"))
     print(json.dumps(report, indent=1))
     print(f"[benchmark] written to {out_dir}/throughput.json and throughput.png", flush=True)

@@ -4,8 +4,8 @@ and prints per variant the env steps per second (steady state: the first ``--war
 out), the actor's training ms per trained decision, the rollout's inference ms per decision and the
 components' busy shares.
 
-    .venv/bin/python scripts/benchmark_rl_phase.py --init-from logs/miniature_openvla/sft/checkpoints/global_step_1500
-    .venv/bin/python scripts/benchmark_rl_phase.py --recipe maniskill_miniature_ppo_pi0 --init-from ... --updates 20
+    .venv/bin/python benchmarks/rl_phase.py --init-from logs/miniature_openvla/sft/checkpoints/global_step_1500
+    .venv/bin/python benchmarks/rl_phase.py --recipe maniskill_miniature_ppo_pi0 --init-from ... --updates 20
 
 Variants (``--variants``, each a name and its overrides in ``VARIANTS``): ``recipe`` (as it is),
 ``fresh`` (``rollout.recompute_fresh_logprobs=false``: no proximal pass for the current version's

@@ -23,11 +23,11 @@ holds its last reading) against env steps and training seconds go to a PNG.
 Each finished run is kept (``<out>/runs/<arm>_seed<k>.json``): the same command with the same
 ``--out`` does only what is missing, so Ctrl-C or a crash loses at most the run in flight.
 
-    .venv/bin/python scripts/benchmark_parity.py --seeds 0 1 2 3 4 5 6 7 --out logs/parity   # ~1.5-2 h on 2 cores
-    .venv/bin/python scripts/benchmark_parity.py --out logs/parity --throughput --record benchmarks
+    .venv/bin/python benchmarks/parity.py --seeds 0 1 2 3 4 5 6 7 --out logs/parity   # ~1.5-2 h on 2 cores
+    .venv/bin/python benchmarks/parity.py --out logs/parity --throughput --record benchmarks
 
 ``--throughput`` adds the steady-state rate of the async recipe on a trained policy against the
-compute-bound limit (``scripts/benchmark_throughput.py --resume`` on the first async run's final
+compute-bound limit (``benchmarks/throughput.py --resume`` on the first async run's final
 checkpoint). ``--record DIR`` copies the JSON and PNG to ``DIR/<date>-parity.{json,png}``.
 """
 
@@ -225,7 +225,7 @@ def measure_throughput(args, runs: Dict, out_dir: str) -> Optional[Dict]:
         print("[parity] --throughput: no async run left a checkpoint", flush=True)
         return None
     folder = os.path.join(out_dir, "throughput")
-    cmd = [sys.executable, os.path.join(REPO_ROOT, "scripts", "benchmark_throughput.py"), "--config", args.config,
+    cmd = [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "throughput.py"), "--config", args.config,
            "--skip", "raw_env", "--resume", checkpoints[0], "--out", folder, *args.overrides]
     print(f"[parity] throughput on the trained policy {checkpoints[0]} ...", flush=True)
     with open(folder + ".log", "w") as log:
@@ -239,7 +239,7 @@ def measure_throughput(args, runs: Dict, out_dir: str) -> Optional[Dict]:
             "async_over_sync": report.get("ratios", {}).get("async_over_sync")}
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="maniskill_async_ppo_mlp")
     parser.add_argument("--seeds", type=int, nargs="*", default=list(range(8)))
@@ -257,19 +257,11 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--record", default=None, metavar="DIR", help="copy the JSON and PNG to DIR/<date>-parity.*")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the recipe (both graph arms)")
-    args = parser.parse_args()
+    return parser, parser.parse_args()
 
-    from embodied_async.config.recipes import resolve_recipe
 
-    cfg, _ = resolve_recipe(args.config, args.overrides)
-    # the single-file baseline runs PushCube-v1 on state observations only
-    if "baseline" in args.arms and not (cfg.env.task_name() == "PushCube-v1" and cfg.env.observes_states()):
-        parser.error("the baseline runs PushCube-v1 state only: pick such a recipe or leave the baseline out (--arms)")
-    if args.eval_episodes % 8:
-        parser.error("--eval-episodes must split evenly over the 8 evaluation sub-envs")
-    args.env_steps_per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
-    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"parity-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
+def run_arms(args, out_dir: str) -> Dict:
+    """Every arm on every seed, one after the other, skipping the runs an earlier call kept."""
     runs = load_runs(out_dir, args.arms)
     for seed in args.seeds:
         for arm in args.arms:
@@ -288,7 +280,23 @@ def main() -> None:
             print(f"[parity] {arm}, seed {seed}: {run['reached'] or 'not reached'} "
                   f"(last eval {run['curve'][-1]['success'] if run['curve'] else None}, {run['wall_s']} s wall)",
                   flush=True)
+    return runs
 
+
+def main() -> None:
+    parser, args = parse_args()
+    from embodied_async.config.recipes import resolve_recipe
+
+    cfg, _ = resolve_recipe(args.config, args.overrides)
+    # the single-file baseline runs PushCube-v1 on state observations only
+    if "baseline" in args.arms and not (cfg.env.task_name() == "PushCube-v1" and cfg.env.observes_states()):
+        parser.error("the baseline runs PushCube-v1 state only: pick such a recipe or leave the baseline out (--arms)")
+    if args.eval_episodes % 8:
+        parser.error("--eval-episodes must split evenly over the 8 evaluation sub-envs")
+    args.env_steps_per_update = cfg.env.num_envs * cfg.rollout.num_steps * cfg.algorithm.rollout_store_size_per_rank
+    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"parity-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
+    runs = run_arms(args, out_dir)
     summary = summarize(runs, args.seeds)
     report = {"config": args.config, "overrides": args.overrides, "target": args.target, "eval_every": args.eval_every,
               "eval_episodes": args.eval_episodes, "full_evaluations": args.full_evaluations,

@@ -31,10 +31,10 @@ report names the first update and the figures that differ (what ``git bisect`` c
 Each finished run is kept (``<out>/runs/<code>_seed<k>.json``): the same command with the same
 ``--out`` does only what is missing, so Ctrl-C or a crash loses at most the run in flight.
 
-    .venv/bin/python scripts/benchmark_default_recipe.py                    # seeds 1-4, ~20 min on 2 cores
-    .venv/bin/python scripts/benchmark_default_recipe.py --seeds 1 2 3 4 5 6 7 8 --record benchmarks
+    .venv/bin/python benchmarks/default_recipe.py                    # seeds 1-4, ~20 min on 2 cores
+    .venv/bin/python benchmarks/default_recipe.py --seeds 1 2 3 4 5 6 7 8 --record benchmarks
     # a change against its parent, recorded beside the day's other records:
-    .venv/bin/python scripts/benchmark_default_recipe.py --against HEAD~3 --record benchmarks --label issue47
+    .venv/bin/python benchmarks/default_recipe.py --against HEAD~3 --record benchmarks --label issue47
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tarfile
@@ -52,6 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
+from embodied_async import records  # noqa: E402
 from embodied_async.metrics import read_metrics  # noqa: E402
 from embodied_async.seed_statistics import ratio_of_means  # noqa: E402
 
@@ -366,11 +366,8 @@ def invocation(args, codes: Sequence[str]) -> str:
 
 
 def machine() -> str:
-    model = ""
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    return f"{os.cpu_count()} CPUs ({model or platform.processor()}), Python {platform.python_version()}"
+    here = records.machine()
+    return f"{here['cores']} CPUs ({here['cpu']}), Python {here['python']}"
 
 
 if __name__ == "__main__":

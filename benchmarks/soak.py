@@ -1,7 +1,7 @@
 """Soak test: run a recipe for N minutes and watch for leaks and pile-ups.
 
-    .venv/bin/python scripts/soak.py --minutes 20
-    .venv/bin/python scripts/soak.py --minutes 5 --config maniskill_ppo_mlp runner.val_check_interval=20
+    .venv/bin/python benchmarks/soak.py --minutes 20
+    .venv/bin/python benchmarks/soak.py --minutes 5 --config maniskill_ppo_mlp runner.val_check_interval=20
 
 Starts the training entry point in its own process session (runner.max_steps set out of reach),
 and every ``--interval`` seconds samples, for every process of that session (the driver, Ray's

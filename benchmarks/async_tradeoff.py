@@ -18,7 +18,7 @@ env's simulation CPU, sync's inference and training CPU, over the cores), the su
 training-time budget (the shortest run's) and at a fixed env-step budget, and the training time
 to sync's final success (per seed) over sync's.
 
-    .venv/bin/python scripts/benchmark_async_tradeoff.py --config maniskill_async_ppo_mlp \\
+    .venv/bin/python benchmarks/async_tradeoff.py --config maniskill_async_ppo_mlp \\
         --settings sync 1 2 kl sync:slow 1:slow --seeds 0 1 2 --updates 60
 
 Writes ``<out>/tradeoff.json`` and ``<out>/tradeoff.png`` (default ``logs/tradeoff-<time>``). Each
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from typing import Dict, List, Optional
@@ -39,6 +38,7 @@ from typing import Dict, List, Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 from embodied_async.launch import train  # noqa: E402  (after the repository is on the path)
+from embodied_async.records import machine  # noqa: E402
 from embodied_async.seed_statistics import bootstrap_mean, ratio_of_means  # noqa: E402
 from embodied_async.throughput import (  # noqa: E402
     compose,
@@ -198,7 +198,7 @@ def write_chart(report: Dict, path: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="maniskill_async_ppo_mlp")
     parser.add_argument("--settings", nargs="+", default=["sync", "1", "2", "4", "kl"], help=SETTING_HELP)
@@ -217,24 +217,14 @@ def main() -> None:
         setting_overrides(setting, 0.0)  # refuse a bad setting before anything runs
     if args.eval_every <= 0 or args.updates < args.eval_every:
         raise SystemExit("--eval-every must be > 0 and at most --updates: learning is read from the evaluations")
+    return args
 
-    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"tradeoff-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(out_dir, exist_ok=True)
-    overrides = list(args.overrides)
-    if args.init_from:
-        overrides.append(f"model.init_from={os.path.abspath(args.init_from)}")
-    cfg, topology = compose(args.config, overrides)
-    cores = num_cores()
-    workers = {"env": topology.num_env_workers, "rollout": topology.num_rollout_workers,
-               "actor": topology.actor_world_size}
+
+def run_settings(args, report: Dict, overrides: List[str], out_dir: str, cfg, topology, cores: int) -> None:
+    """Per seed a raw env measurement, then every setting's run (those an earlier call kept are read back)."""
     common = [f"runner.max_steps={args.updates}", f"runner.val_check_interval={args.eval_every}",
               "runner.eval_pauses_training=true", f"runner.eval_episodes={args.eval_episodes}",
               "runner.save_interval=0", "runner.logger.backends=[]"]
-    report: Dict = {"config": args.config, "overrides": overrides, "settings": args.settings, "seeds": args.seeds,
-                    "updates": args.updates, "slow_factor": args.slow_factor,
-                    "machine": {"cores": cores, "cpu": platform.processor() or platform.machine(),
-                                "python": platform.python_version()},
-                    "workers": workers, "raw_env": {}, "runs": {s: {} for s in args.settings}}
     for seed in args.seeds:
         before = cpu_times()
         raw = measure_raw_env(args.config, overrides, args.raw_seconds)
@@ -252,13 +242,32 @@ def main() -> None:
             print(f"[tradeoff] {setting}, seed {seed} ...", flush=True)
             run_overrides = [*overrides, *common, f"runner.seed={seed}", *setting_overrides(setting, delay)]
             records = train(args.config, run_overrides, log)
-            run = run_figures(records, args.warmup_updates, cores, workers, cfg.env.num_action_chunks)
+            run = run_figures(records, args.warmup_updates, cores, report["workers"], cfg.env.num_action_chunks)
             report["runs"][setting][seed] = run
             with open(log + ".json", "w") as f:
                 json.dump(run, f, indent=1)
             print(f"[tradeoff] {setting}, seed {seed}: {run['env_steps_per_s']} env steps/s, behaviour KL "
                   f"{run['behaviour_kl']}, lag {run['mean_lag']}, last evaluation "
                   f"{run['evaluations'][-1]['success'] if run['evaluations'] else None}", flush=True)
+
+
+def main() -> None:
+    args = parse_args()
+
+    out_dir = args.out or os.path.join(REPO_ROOT, "logs", f"tradeoff-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out_dir, exist_ok=True)
+    overrides = list(args.overrides)
+    if args.init_from:
+        overrides.append(f"model.init_from={os.path.abspath(args.init_from)}")
+    cfg, topology = compose(args.config, overrides)
+    cores = num_cores()
+    workers = {"env": topology.num_env_workers, "rollout": topology.num_rollout_workers,
+               "actor": topology.actor_world_size}
+    report: Dict = {"config": args.config, "overrides": overrides, "settings": args.settings, "seeds": args.seeds,
+                    "updates": args.updates, "slow_factor": args.slow_factor,
+                    "machine": {**machine(), "cores": cores},
+                    "workers": workers, "raw_env": {}, "runs": {s: {} for s in args.settings}}
+    run_settings(args, report, overrides, out_dir, cfg, topology, cores)
     if "sync" in report["runs"]:
         sims = [r["sim_cpu_ms_per_env_step"] for r in report["raw_env"].values()]
         syncs = list(report["runs"]["sync"].values())
