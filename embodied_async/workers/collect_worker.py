@@ -13,9 +13,11 @@ from embodied_async.workers.base import setup_worker_process
 
 class CollectWorker:
     def __init__(self, cfg, topology, rank: int, device_id: int, plan: Plan):
-        seed = cfg.runner.seed * 100_003 + rank * 1009
-        setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
-        self.env = build_env(plan.env_cfg, 1, seed)  # every episode resets with its own seed
+        # the same seeds in every worker. An episode still depends a little on those its worker ran
+        # before it (the simulator keeps some state across resets: returns differ in the 4th digit),
+        # and episode k runs on worker k mod W: a collection repeats for the same --num-workers
+        setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, cfg.collect.seed)
+        self.env = build_env(plan.env_cfg, 1, 0)
         try:
             self.act = build_source(plan, self.env)
         except BaseException:
