@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
@@ -87,7 +86,13 @@ class PhaseFailed(Exception):
 
 
 def main(argv=None) -> int:
+    from embodied_async.signals import is_driver, run_driver_in_own_group
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
+    if not is_driver():  # the launcher: the pipeline's driver, in a process group of its own (Ray's too)
+        return run_driver_in_own_group([os.path.abspath(__file__), *argv])
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until a phase's run takes the signals over
     try:
         pipeline = Pipeline(args)
         pipeline.run()
@@ -230,7 +235,7 @@ class Pipeline:
     def _collect(self) -> Dict:
         demos = os.path.join(self.out, "demos")
         shutil.rmtree(demos, ignore_errors=True)  # an unfinished collection is made anew, not appended to
-        command = [sys.executable, "-m", "embodied_async", "collect", self.family.sft_recipe,
+        command = ["collect", self.family.sft_recipe,
                    "--source", "scripted", "--episodes", str(self.sizes.demos), "--out", demos,
                    "--num-workers", "2" if self.sizes.demos > 1 else "1", "--seed", str(self.args.seed),
                    f"runner.logger.log_path={os.path.join(self.out, 'collect_log')}",
@@ -299,11 +304,9 @@ class Pipeline:
         return [*SMOKE_RUN, *phase] if self.args.smoke else []
 
     def _train(self, phase: str, recipe: str, log: str, overrides: Sequence[str], keep_log: bool = False) -> None:
-        from embodied_async.launch import training_command
-
         if not keep_log:
             shutil.rmtree(log, ignore_errors=True)  # metrics.jsonl appends: a half-run's records would mix in
-        self._call(phase, training_command(recipe, log, overrides))
+        self._call(phase, ["train", recipe, f"runner.logger.log_path={log}", *overrides])
 
     def _evaluate(self, phase: str, checkpoint: str, sampling: Sequence[str] = (), rule: Sequence[str] = ()) -> Dict:
         """The checkpoint on the shared episode seeds, with the deterministic decision rule (the
@@ -315,7 +318,7 @@ class Pipeline:
             report = os.path.join(self.out, f"{name}.json")
             episodes = self.sizes.eval_episodes
             num_envs = max(d for d in range(1, 9) if episodes % d == 0)
-            command = [sys.executable, "-m", "embodied_async", "eval", checkpoint, "--episodes",
+            command = ["eval", checkpoint, "--episodes",
                        str(episodes), "--num-envs", str(num_envs), "--seed", str(EVAL_SEED), "--device", "cpu",
                        "--json", report, f"runner.logger.log_path={os.path.join(self.out, name + '_log')}",
                        *rule_overrides, *(["--sampled", *sampling] if rule == "sampled" else [])]
@@ -328,23 +331,14 @@ class Pipeline:
         return {**results["deterministic"], "sampled": results["sampled"]}
 
     def _call(self, phase: str, command: List[str]) -> None:
-        """Run ``command``, its output shown and kept in ``<out>/<phase>.log``."""
+        """Run the command ``command`` (``[name, arguments...]``) in this process, its output shown
+        (the lines worth it) and kept in ``<out>/<phase>.log``."""
+        from embodied_async.pipeline import last_error, run_phase
+
         log_file = os.path.join(self.out, f"{phase}.log")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(log_file, "w", buffering=1) as log:  # line by line: the log can be followed as the phase runs
-            log.write(" ".join(command) + "\n")
-            proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, bufsize=1)
-            try:
-                for line in proc.stdout:
-                    log.write(line)
-                    if show_line(line):
-                        print(f"  {line}", end="", flush=True)
-                code = proc.wait()
-            except KeyboardInterrupt:  # the child got the same Ctrl-C: let it save and stop
-                proc.send_signal(signal.SIGINT)
-                proc.wait()
-                raise
+        code = run_phase(command, log_file)
+        if code == 130 or code == 143:  # the phase saved and stopped: so does the pipeline
+            raise KeyboardInterrupt
         if code == 2:
             raise PipelineError(f"{phase}: {last_error(log_file)} (the whole output: {log_file})")
         if code != 0:
@@ -456,29 +450,6 @@ def split_overrides(overrides: Sequence[str]):
         else:
             raise PipelineError(f"override {item!r}: write key=value (every phase), sft:key=value or rl:key=value")
     return common, sft_only, rl_only
-
-
-QUIET = ("{", "}", "Token authentication is enabled")  # JSON dumps and Ray's notice: in the phase's log only
-
-
-def show_line(line: str) -> bool:
-    """The lines of a phase worth showing live: progress every 50 steps and at evaluations, the
-    phases' own messages, errors; everything is in ``<out>/<phase>.log``."""
-    if line.startswith("step "):
-        match = re.match(r"step (\d+)/(\d+)", line)
-        return bool(match) and (int(match.group(1)) % 50 == 0 or match.group(1) == match.group(2))
-    if "error" in line.lower():
-        return True
-    return not line.startswith((" ", "\t", *QUIET)) and "][INFO]" not in line and "][WARNING]" not in line
-
-
-def last_error(log_file: str) -> str:
-    with open(log_file) as f:
-        lines = [line.strip() for line in f if line.strip()]
-    for line in reversed(lines):
-        if "error" in line.lower():
-            return line
-    return lines[-1] if lines else "no output"
 
 
 def last_checkpoint(log: str) -> str:

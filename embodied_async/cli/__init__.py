@@ -18,15 +18,19 @@ from typing import Optional, Sequence
 class Command:
     summary: str
     target: str  # "module:function", the function taking the command's arguments, returning its exit code
+    # "module:function" doing the command's work in the calling process, for a pipeline that is
+    # itself a driver in a process group of its own (the target would start one); None: the target
+    here: Optional[str] = None
 
 
 COMMANDS = {
     "train": Command("train a recipe: train RECIPE [key=value ...] (bash scripts/run_async.sh: the default recipe)",
-                     "embodied_async.cli.train:train_command"),
+                     "embodied_async.cli.train:train_command", here="embodied_async.cli.train:train_here"),
     "plan": Command("print a recipe's placement, batch arithmetic and memory per GPU, starting nothing: "
                     "plan RECIPE [key=value ...]", "embodied_async.cli.train:plan_command"),
     "collect": Command("record episodes of a scripted expert or a teacher checkpoint as a LeRobot dataset: "
-                       "collect ENV --source S --episodes N --out DIR", "embodied_async.cli.collect:collect_command"),
+                       "collect ENV --source S --episodes N --out DIR", "embodied_async.cli.collect:collect_command",
+                       here="embodied_async.cli.collect:collect_here"),
     "eval": Command("score a checkpoint or a model on N episodes with a 95 % interval: eval TARGET --episodes N",
                     "embodied_async.cli.evaluate:eval_command"),
     "export": Command("write a checkpoint in its policy family's published format with a model card: "
@@ -40,6 +44,14 @@ def usage() -> str:
     rows = "\n".join(f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items())
     return (f"usage: python -m embodied_async <command> [arguments]\n\ncommands:\n{rows}\n\n"
             "'python -m embodied_async <command> --help' describes a command's arguments.")
+
+
+def run_here(argv: Sequence[str]) -> int:
+    """Run the command ``argv`` names (``[command, arguments...]``) in this process, as its driver
+    would; its exit code (for a pipeline of commands, itself a driver)."""
+    command = COMMANDS[argv[0]]
+    module, _, function = (command.here or command.target).partition(":")
+    return getattr(importlib.import_module(module), function)(list(argv[1:]))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -40,6 +40,11 @@ def collect_command(argv) -> int:
     return drive(args)
 
 
+def collect_here(argv) -> int:
+    """The driver's work in this process (a pipeline's phase)."""
+    return drive(parse(argv))
+
+
 def parse(argv):
     from embodied_async.hub import add_push_arguments
 

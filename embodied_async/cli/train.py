@@ -59,6 +59,18 @@ def train_command(argv: Sequence[str]) -> int:
         return exit_code()
 
 
+def train_here(argv: Sequence[str]) -> int:
+    """The driver's work on ``train``'s arguments in this process (a pipeline's phase): Hydra
+    composes and writes the run's ``.hydra/`` as for a launched run; no launcher, no dated folder."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()  # a run before this one in the process initialised it
+    try:
+        return drive(hydra_arguments(argv))
+    except SystemExit as err:  # Hydra's own refusal of its command line
+        return err.code if isinstance(err.code, int) else 2
+
+
 def plan_command(argv: Sequence[str]) -> int:
     """The recipe composed and validated as a run would be, its plan printed; nothing starts."""
     from embodied_async.cli.errors import report
