@@ -1,6 +1,6 @@
 """What a pipeline or a benchmark writes down about its runs: the machine it ran on, a run's
 success curve with Wilson intervals, bars with those intervals on a chart; and the miniature's
-record (``scripts/miniature.py``): per RL seed the SFT checkpoint's and that run's evaluations under
+record (``python -m embodied_async miniature``): per RL seed the SFT checkpoint's and that run's evaluations under
 both decision rules, the curves, the phases' times and the RL run's costs, over the seeds the mean
 gain with its bootstrap interval, its chart, its dated copy beside the other records."""
 

@@ -24,13 +24,26 @@ def test_without_a_command_it_prints_the_commands_and_an_unknown_one_is_named(ca
     assert all(f"  {name} " in listed for name in COMMANDS)
     assert main(["--help"]) == 0 and "train" in capsys.readouterr().out
     assert main(["trian"]) == 2
-    assert "no command 'trian'; the commands: train, plan, collect, eval, export, recipes" in capsys.readouterr().err
+    commands = "train, plan, collect, eval, export, miniature, recipes"
+    assert f"no command 'trian'; the commands: {commands}" in capsys.readouterr().err
 
 
 def test_every_command_names_a_function_that_exists():
     for name, command in COMMANDS.items():
-        module, _, function = command.target.partition(":")
-        assert callable(getattr(importlib.import_module(module), function)), name
+        for target in filter(None, (command.target, command.here)):
+            module, _, function = target.partition(":")
+            assert callable(getattr(importlib.import_module(module), function)), name
+
+
+def test_a_command_run_here_hands_back_what_it_made_and_one_that_cannot_is_refused(capsys):
+    """A pipeline's phase: the command's exit code and its result (a refusal: the code, no result)."""
+    from embodied_async.cli import Outcome, run_here
+
+    refused = run_here(["eval", "no_such_checkpoint_or_model", "--episodes", "1"])
+    assert isinstance(refused, Outcome) and refused.code == 2 and refused.result is None
+    assert "no_such_checkpoint_or_model" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="cannot run as a pipeline's phase"):
+        run_here(["recipes"])
 
 
 def test_every_error_kind_names_a_class_that_exists():

@@ -91,6 +91,13 @@ def test_files_and_functions_stay_short():
     assert not too_long
 
 
+def test_the_scripts_hold_set_up_and_entries_not_framework_work():
+    """What users run does its work in the framework (the commands of ``python -m embodied_async``);
+    ``scripts/`` keeps set-up, the GPU check and thin entries: a few hundred lines of Python."""
+    lines = {path: source.count("\n") for path, source in python_files("scripts")}
+    assert lines and sum(lines.values()) <= 600, lines
+
+
 def _imported_modules(source: str):
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):

@@ -11,15 +11,25 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command run in the calling process (``run_here``) hands back: its exit code and
+    what it made (the run's folder and last checkpoint, the dataset, the evaluation's report)."""
+
+    code: int
+    result: Optional[Dict] = None
 
 
 @dataclass(frozen=True)
 class Command:
     summary: str
     target: str  # "module:function", the function taking the command's arguments, returning its exit code
-    # "module:function" doing the command's work in the calling process, for a pipeline that is
-    # itself a driver in a process group of its own (the target would start one); None: the target
+    # "module:function" doing the command's work in the calling process and returning its Outcome,
+    # for a pipeline that is itself a driver in a process group of its own (the target would start
+    # one); None: the command cannot be a pipeline's phase
     here: Optional[str] = None
 
 
@@ -32,9 +42,12 @@ COMMANDS = {
                        "collect ENV --source S --episodes N --out DIR", "embodied_async.cli.collect:collect_command",
                        here="embodied_async.cli.collect:collect_here"),
     "eval": Command("score a checkpoint or a model on N episodes with a 95 % interval: eval TARGET --episodes N",
-                    "embodied_async.cli.evaluate:eval_command"),
+                    "embodied_async.cli.evaluate:eval_command", here="embodied_async.cli.evaluate:eval_here"),
     "export": Command("write a checkpoint in its policy family's published format with a model card: "
                       "export CHECKPOINT --out DIR", "embodied_async.cli.export:export_command"),
+    "miniature": Command("the whole VLA workflow on a CPU, a pipeline of these commands: demonstrations -> SFT -> "
+                         "eval -> RL per seed -> eval, and its record: miniature FAMILY [--rl-seeds S ...]",
+                         "embodied_async.cli.miniature:miniature_command"),
     "recipes": Command("list the recipes of configs/ and what each runs", "embodied_async.cli.recipes:recipes_command"),
 }
 
@@ -46,11 +59,14 @@ def usage() -> str:
             "'python -m embodied_async <command> --help' describes a command's arguments.")
 
 
-def run_here(argv: Sequence[str]) -> int:
+def run_here(argv: Sequence[str]) -> Outcome:
     """Run the command ``argv`` names (``[command, arguments...]``) in this process, as its driver
-    would; its exit code (for a pipeline of commands, itself a driver)."""
+    would (for a pipeline of commands, itself a driver); its exit code and what it made."""
     command = COMMANDS[argv[0]]
-    module, _, function = (command.here or command.target).partition(":")
+    if command.here is None:
+        raise ValueError(f"the command {argv[0]!r} cannot run as a pipeline's phase: "
+                         f"use one of {[name for name, c in COMMANDS.items() if c.here]}")
+    module, _, function = command.here.partition(":")
     return getattr(importlib.import_module(module), function)(list(argv[1:]))
 
 

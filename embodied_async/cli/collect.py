@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import time
+from typing import Optional
 
 from embodied_async.signals import is_driver, run_driver_in_own_group
 
@@ -40,9 +40,14 @@ def collect_command(argv) -> int:
     return drive(args)
 
 
-def collect_here(argv) -> int:
-    """The driver's work in this process (a pipeline's phase)."""
-    return drive(parse(argv))
+def collect_here(argv):
+    """The driver's work in this process (a pipeline's phase); its ``cli.Outcome``: the exit code
+    and the dataset (``dataset``: its folder, ``episodes`` and ``frames`` it holds)."""
+    from embodied_async.cli import Outcome
+
+    outcome = {}
+    code = drive(parse(argv), outcome)
+    return Outcome(code, outcome.get("result") if code == 0 else None)
 
 
 def parse(argv):
@@ -71,12 +76,8 @@ def parse(argv):
 def collection_config(args):
     """``(TrainConfig, Topology)`` of the collection: the target's config in ``runner.mode:
     collect``, one sub-env per env worker, the workers on this machine's CPU process slots."""
-    from omegaconf import OmegaConf
+    from embodied_async.config.recipes import command_config, env_target_config
 
-    from embodied_async.config.recipes import LOG_PATH_KEY, env_target_config
-    from embodied_async.config.validate import resolve
-
-    named_log = any(item.startswith(f"{LOG_PATH_KEY}=") for item in args.overrides)
     raw = env_target_config(args.target, args.overrides)
     workers = args.num_workers
     raw.cluster.component_placement = {"env": f"0-{workers - 1}" if workers > 1 else "0", "rollout,actor": "0"}
@@ -85,15 +86,12 @@ def collection_config(args):
                "runner.logger.backends": [], "collect.source": args.source, "collect.episodes": args.episodes,
                "collect.out": args.out, "collect.codec": args.codec, "collect.keep_failures": args.keep_failures,
                "collect.seed": args.seed, "collect.max_attempts": args.max_attempts}
-    if not named_log:
-        setting[LOG_PATH_KEY] = f"logs/{time.strftime('%Y%m%d-%H%M%S')}-collect-{args.target}"
-    for key, value in setting.items():
-        OmegaConf.update(raw, key, value, merge=False)
-    return resolve(raw)
+    return command_config(raw, setting, args.overrides, f"collect-{args.target}")
 
 
-def drive(args) -> int:
-    """Check everything, then run the collection in this process (the driver)."""
+def drive(args, outcome: Optional[dict] = None) -> int:
+    """Check everything, then run the collection in this process (the driver); the dataset it
+    wrote in ``outcome["result"]``."""
     from embodied_async.cli.errors import report
     from embodied_async.collection import check_plan
     from embodied_async.signals import exit_code, install_driver_handlers
@@ -115,6 +113,9 @@ def drive(args) -> int:
     except Exception as err:  # noqa: BLE001
         return report(err, "collect")
     code = summarise(result, args)
+    if outcome is not None:
+        outcome["result"] = {"dataset": args.out, "episodes": result["collect/dataset_episodes"],
+                             "frames": result["collect/dataset_frames"]}
     if code == 0 and args.push_to_hub:  # only a finished collection: a partial one stays local
         from embodied_async.hub import push_and_report
 

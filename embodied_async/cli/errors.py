@@ -28,6 +28,7 @@ ERROR_KINDS: Tuple[Tuple[str, str, int], ...] = (
     ("embodied_async.export.ExportError", "export error", 2),
     ("embodied_async.run_folder.StorageError", "storage error", 1),
     ("embodied_async.scheduler.worker_group.WorkerFailed", "[{command}] a worker failed, stopping the run", 1),
+    ("embodied_async.pipeline.PhaseFailed", "[{command}] a phase failed", 1),
     ("builtins.KeyboardInterrupt", "[{command}] stopped by Ctrl-C", 130),
 )
 

@@ -27,14 +27,21 @@ from embodied_async.cli.errors import CommandError, report
 
 
 def eval_command(argv=None) -> int:
+    return eval_here(argv).code
+
+
+def eval_here(argv=None):
+    """The evaluation in this process; its ``cli.Outcome``: the exit code and the report."""
+    from embodied_async.cli import Outcome
+
     args = _parse(argv)
     try:
         cfg, topology = evaluation_config(args)
         result = evaluate(cfg, topology, args)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (the table decides: a bug keeps its traceback)
-        return report(err, "eval")
+        return Outcome(report(err, "eval"))
     print_report(result, args)
-    return 0
+    return Outcome(0, result)
 
 
 def print_report(report: dict, args) -> None:
@@ -87,11 +94,8 @@ def _parse(argv):
 def evaluation_config(args):
     """``(TrainConfig, Topology)``: the target's config (a run's, or a model's under its recipe) in
     ``runner.mode: eval``, ``--evaluators`` processes of ``--num-envs`` sub-envs each."""
-    from omegaconf import OmegaConf
-
     from embodied_async.config import ConfigError
-    from embodied_async.config.recipes import LOG_PATH_KEY, target_config
-    from embodied_async.config.validate import resolve
+    from embodied_async.config.recipes import command_config, target_config
     from embodied_async.evaluation import evaluation_seed
 
     try:
@@ -109,11 +113,7 @@ def evaluation_config(args):
                    "runner.resume_dir": None, "runner.logger.backends": [], "evaluation.checkpoint": checkpoint,
                    "evaluation.episodes": args.episodes, "evaluation.seed": seed, "evaluation.sampled": args.sampled,
                    "evaluation.videos": args.videos if args.video_dir else 0}
-        if not any(item.startswith(f"{LOG_PATH_KEY}=") for item in args.overrides):
-            setting[LOG_PATH_KEY] = f"logs/{time.strftime('%Y%m%d-%H%M%S')}-eval"
-        for key, value in setting.items():
-            OmegaConf.update(raw, key, value, merge=False)
-        return resolve(raw)
+        return command_config(raw, setting, args.overrides, "eval")
     except ConfigError as err:
         raise CommandError(str(err)) from None
 

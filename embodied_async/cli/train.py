@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from embodied_async.config.recipes import LOG_PATH_KEY
 from embodied_async.signals import is_driver, run_driver_in_own_group
@@ -59,16 +59,21 @@ def train_command(argv: Sequence[str]) -> int:
         return exit_code()
 
 
-def train_here(argv: Sequence[str]) -> int:
+def train_here(argv: Sequence[str]):
     """The driver's work on ``train``'s arguments in this process (a pipeline's phase): Hydra
-    composes and writes the run's ``.hydra/`` as for a launched run; no launcher, no dated folder."""
+    composes and writes the run's ``.hydra/`` as for a launched run; no launcher, no dated folder.
+    Its ``cli.Outcome``: the run's summary with its ``log`` folder and last ``checkpoint``."""
     from hydra.core.global_hydra import GlobalHydra
 
+    from embodied_async.cli import Outcome
+
     GlobalHydra.instance().clear()  # a run before this one in the process initialised it
+    outcome = {}
     try:
-        return drive(hydra_arguments(argv))
+        code = drive(hydra_arguments(argv), outcome)
     except SystemExit as err:  # Hydra's own refusal of its command line
-        return err.code if isinstance(err.code, int) else 2
+        code = err.code if isinstance(err.code, int) else 2
+    return Outcome(code, outcome.get("result") if code == 0 else None)
 
 
 def plan_command(argv: Sequence[str]) -> int:
@@ -128,8 +133,9 @@ def recipe_of(arguments: Sequence[str]) -> Optional[str]:
     return names[-1] if names else None
 
 
-def drive(arguments: List[str]) -> int:
-    """Compose through Hydra's ``main`` with ``arguments`` as its command line and run the result."""
+def drive(arguments: List[str], outcome: Optional[Dict] = None) -> int:
+    """Compose through Hydra's ``main`` with ``arguments`` as its command line and run the result;
+    ``outcome["result"]``: what the run made, where a finished run is asked for it."""
     import hydra
 
     from embodied_async.cli.errors import report
@@ -143,11 +149,12 @@ def drive(arguments: List[str]) -> int:
         except Exception as err:  # noqa: BLE001 (a ConfigError: the table's line)
             return report(err, "train")
     register_schema()
-    outcome = {"code": 0}
+    outcome = {} if outcome is None else outcome
+    outcome["code"] = 0
 
     @hydra.main(config_path=CONFIG_DIR, config_name=recipe, version_base=None)
     def hydra_main(cfg) -> None:
-        outcome["code"] = run_composed(cfg)
+        outcome["code"] = run_composed(cfg, outcome)
 
     command_line, sys.argv = sys.argv, [sys.argv[0], *arguments]
     try:
@@ -157,8 +164,9 @@ def drive(arguments: List[str]) -> int:
     return outcome["code"]
 
 
-def run_composed(cfg) -> int:
-    """The driver's work on Hydra's composed config: validate, plan or fetch and run."""
+def run_composed(cfg, outcome: Dict) -> int:
+    """The driver's work on Hydra's composed config: validate, plan or fetch and run; a finished
+    run's summary, folder and last checkpoint in ``outcome["result"]``."""
     from embodied_async.cli.errors import report
     from embodied_async.config import resolve
     from embodied_async.signals import install_driver_handlers
@@ -185,6 +193,10 @@ def run_composed(cfg) -> int:
     except Exception as err:  # noqa: BLE001 (the table decides: bad input is one line, a bug keeps its traceback)
         return report(err, "train")
     print(f"[train] done: {result}", flush=True)
+    from embodied_async.run_folder import checkpoints_root, latest_checkpoint
+
+    log = train_cfg.runner.logger.log_path
+    outcome["result"] = {**result, "log": log, "checkpoint": latest_checkpoint(checkpoints_root(log))}
     return 0
 
 

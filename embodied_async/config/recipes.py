@@ -70,6 +70,39 @@ def with_log_path(recipe: str, overrides: Sequence[str]) -> list:
     return list(overrides) if named else [f"{LOG_PATH_KEY}=logs/{recipe}", *overrides]
 
 
+def command_config(raw, setting: dict, overrides: Sequence[str], log_name: str):
+    """``raw`` (a composed config) with a command's ``setting`` (``key: value``) in place, logging
+    to ``logs/<time>-<log_name>`` unless ``overrides`` name a log folder; then validated:
+    ``(TrainConfig, Topology)``."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    from embodied_async.config.validate import resolve
+
+    setting = dict(setting)
+    if not any(item.startswith(f"{LOG_PATH_KEY}=") for item in overrides):
+        setting[LOG_PATH_KEY] = f"logs/{time.strftime('%Y%m%d-%H%M%S')}-{log_name}"
+    for key, value in setting.items():
+        OmegaConf.update(raw, key, value, merge=False)
+    return resolve(raw)
+
+
+def recipe_section(recipe: str, section: str) -> dict:
+    """The ``section`` (e.g. ``model``) as ``configs/<recipe>.yaml`` writes it over the recipes it
+    extends (their files, not the config groups' defaults nor Hydra's composition): what a recipe
+    itself says, read without composing it."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, f"{recipe}.yaml")))
+    values: dict = {}
+    for parent in raw.get("defaults", []):
+        if isinstance(parent, str) and os.path.isfile(os.path.join(CONFIG_DIR, f"{parent}.yaml")):
+            values.update(recipe_section(parent, section))
+    values.update(raw.get(section) or {})
+    return values
+
+
 def compose_recipe(recipe: str, overrides: Sequence[str] = ()):
     """``configs/<recipe>.yaml`` composed by Hydra with ``overrides`` (a ``DictConfig``, not yet
     validated; the log folder ``logs/<recipe>`` unless they name one); ConfigError naming the recipe

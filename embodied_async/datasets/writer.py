@@ -90,6 +90,10 @@ class DatasetWriter:
     def total_episodes(self) -> int:
         return int(self.info["total_episodes"]) + len(self._segment_rows)
 
+    @property
+    def total_frames(self) -> int:
+        return int(self.info["total_frames"]) + sum(int(r["length"]) for r in self._segment_rows)
+
     def add_episode(self, frames: Dict[str, np.ndarray], task: str, **episode_info) -> int:
         """Add one episode: every feature's values ``[T, ...]`` (uint8 ``[T, H, W, 3]`` for
         videos), its task (instruction) and anything to keep about it in ``collection.json``
@@ -98,7 +102,7 @@ class DatasetWriter:
         episode_index = self.total_episodes
         if task not in self.tasks:
             self.tasks.append(task)
-        first_index = int(self.info["total_frames"]) + sum(int(r["length"]) for r in self._segment_rows)
+        first_index = self.total_frames
         columns = {k: np.asarray(frames[k]).reshape(length, -1).astype(self.features[k]["dtype"])
                    for k in fmt.number_keys(self.features)}
         columns.update(timestamp=(np.arange(length) / self.fps).astype(np.float32),

@@ -74,9 +74,9 @@ class CollectMode(Mode):
             self.writer.close()
 
     def summary(self) -> Dict[str, object]:
-        total = self.writer.total_episodes if self.writer is not None else 0
+        episodes, frames = (self.writer.total_episodes, self.writer.total_frames) if self.writer is not None else (0, 0)
         return {**{f"collect/{key}": value for key, value in self.tally.items()}, "collect/wanted": self.wanted,
-                "collect/dataset_episodes": total}
+                "collect/dataset_episodes": episodes, "collect/dataset_frames": frames}
 
     def version_after_step(self, metrics: Dict[str, float], step: int) -> int:
         return 0

@@ -1,4 +1,4 @@
-"""scripts/miniature.py, the whole VLA workflow in one command: scripted demonstrations, SFT,
+"""python -m embodied_async miniature, the whole VLA workflow in one command: scripted demonstrations, SFT,
 evaluation, async PPO from the SFT checkpoint, evaluation on the same seeds, the record. Here in
 its smoke size (2 demonstrations, 2 SFT steps, 1 PPO update, 2 evaluation episodes each), with
 LoRA on (model.lora.enabled=true for every phase): the tiny OpenVLA's adapters are trained by SFT,
@@ -15,12 +15,9 @@ from conftest import REPO_ROOT, assert_logs_every_recipe_metric
 
 pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
 
-SCRIPT = os.path.join(REPO_ROOT, "scripts", "miniature.py")
-
-
 def _run(*args, timeout=900):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "embodied_async", "miniature", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -131,23 +128,53 @@ def test_pi0s_miniature_runs_rl_on_the_gaussian_action_with_the_anchor_from_its_
     assert record["recipes"]["rl"] == "maniskill_miniature_grpo_pi0" and record["family"] == "pi0"
 
 
+def _stub_record(monkeypatch):
+    """The record is not written (its phases' results are stubs)."""
+    from embodied_async import miniature
+
+    for name in ("build_record", "summary_record", "write_record"):
+        monkeypatch.setattr(miniature, name, lambda *args: {})
+    monkeypatch.setattr(miniature, "summary_line", lambda record: "")
+
+
+def _miniature(*argv):
+    from embodied_async.cli.miniature import parse
+    from embodied_async.miniature import Miniature
+
+    return Miniature(parse(list(argv)))
+
+
 def _pipeline(tmp_path, monkeypatch, *argv, family="openvla"):
-    """A Pipeline whose phases only note that they ran (the record is not written)."""
-    import miniature
+    """A miniature whose phases only note that they ran."""
+    from embodied_async.miniature import Miniature
 
     ran = []
-    for phase in miniature.SFT_PHASES:
-        monkeypatch.setattr(miniature.Pipeline, f"_{phase}", lambda self, phase=phase: ran.append(phase) or {})
-    for phase in miniature.RL_PHASES:
-        monkeypatch.setattr(miniature.Pipeline, f"_{phase}",
-                            lambda self, seed, phase=phase: ran.append(f"{phase}_seed{seed}") or {})
-    monkeypatch.setattr(miniature, "build_record", lambda *args: {})
-    monkeypatch.setattr(miniature, "summary_record", lambda *args: {})
-    monkeypatch.setattr(miniature, "write_record", lambda *args: None)
-    monkeypatch.setattr(miniature, "summary_line", lambda record: "")
-    pipeline = miniature.Pipeline(miniature._parse([family, "--out", str(tmp_path / "out"), *argv]))
-    pipeline.run()
+    monkeypatch.setattr(Miniature, "run_phase", lambda self, phase, pipeline, continued: ran.append(phase.name) or {})
+    _stub_record(monkeypatch)
+    _miniature(family, "--out", str(tmp_path / "out"), *argv).run()
     return ran
+
+
+def test_the_phases_run_as_the_yaml_declares_them():
+    """configs/pipelines/miniature.yaml's phases: those run once, then each seed's, each standing on
+    the same seed's phases; a declaration that cannot run is refused naming the phase."""
+    from embodied_async.cli.errors import CommandError
+    from embodied_async.miniature import SHARED
+    from embodied_async.pipeline import declared_phases
+
+    phases = declared_phases(SHARED["phases"], [3, 5], "miniature.yaml")
+    assert [(p.name, p.command, p.stands_on, p.seed) for p in phases] == [
+        ("collect", "collect", (), None), ("sft", "train", ("collect",), None), ("eval_sft", "eval", ("sft",), None),
+        ("rl_seed3", "train", ("sft",), 3), ("eval_rl_seed3", "eval", ("rl_seed3",), 3),
+        ("rl_seed5", "train", ("sft",), 5), ("eval_rl_seed5", "eval", ("rl_seed5",), 5)]
+    for declaration, why in (([{"name": "a", "command": "export"}], "runs 'export': a phase runs one of"),
+                             ([{"name": "a", "command": "eval", "stands_on": ["b"]}], "stands on 'b'"),
+                             ([{"name": "a", "command": "eval", "per_seed": True}, {"name": "b", "command": "eval",
+                                                                                    "stands_on": ["a"]}],
+                              "stands on 'a'"),
+                             ([{"name": "a", "command": "eval", "after": "b"}], "only the keys")):
+        with pytest.raises(CommandError, match=why):
+            declared_phases(declaration, [0], "x.yaml")
 
 
 def test_a_repeated_command_keeps_finished_phases_and_reruns_from_the_first_changed_one(tmp_path, monkeypatch):
@@ -168,14 +195,14 @@ def test_a_repeated_command_keeps_finished_phases_and_reruns_from_the_first_chan
     assert len(_pipeline(tmp_path, monkeypatch, "--restart")) == 5
     # a damaged state file is named
     (tmp_path / "out" / "pipeline.json").write_text("{not json")
-    import miniature
+    from embodied_async.cli.errors import CommandError
 
-    with pytest.raises(miniature.PipelineError, match="pipeline.json is damaged"):
+    with pytest.raises(CommandError, match="pipeline.json is damaged"):
         _pipeline(tmp_path, monkeypatch)
 
 
 def test_sft_from_runs_rl_from_another_folders_sft_checkpoint(tmp_path, monkeypatch):
-    import miniature
+    from embodied_async.cli.errors import CommandError
 
     assert len(_pipeline(tmp_path, monkeypatch)) == 5
     fork = ["--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "out")]
@@ -185,45 +212,46 @@ def test_sft_from_runs_rl_from_another_folders_sft_checkpoint(tmp_path, monkeypa
     assert _pipeline(tmp_path, monkeypatch, "--sft-steps", "10") == ["sft", "eval_sft", "rl_seed0", "eval_rl_seed0"]
     assert _pipeline(tmp_path, monkeypatch, *fork, "--sft-steps", "10", "rl:algorithm.demo_loss_coef=0.3") == \
         ["rl_seed0", "eval_rl_seed0"]
-    with pytest.raises(miniature.PipelineError, match="its collect phase ran with .* pass the same family"):
+    with pytest.raises(CommandError, match="its collect phase ran with .* pass the same settings"):
         _pipeline(tmp_path, monkeypatch, *fork, "--sft-steps", "10", "env.num_envs=4")
-    with pytest.raises(miniature.PipelineError, match="has no pipeline.json"):
+    with pytest.raises(CommandError, match="has no pipeline.json"):
         _pipeline(tmp_path, monkeypatch, "--out", str(tmp_path / "fork"), "--sft-from", str(tmp_path / "none"))
-    with pytest.raises(miniature.PipelineError, match="this run's own --out"):
+    with pytest.raises(CommandError, match="this run's own --out"):
         _pipeline(tmp_path, monkeypatch, "--sft-from", str(tmp_path / "out"))
 
 
 def test_a_forks_rl_run_starts_from_the_sources_sft_checkpoint_and_reads_its_demonstrations(tmp_path, monkeypatch):
     """The command line of a fork's RL run (the phases' commands recorded, none run)."""
-    import miniature
+    from embodied_async.miniature import Miniature
+    from embodied_async.pipeline import Pipeline
 
     source = tmp_path / "out"
     checkpoint = str(source / "sft" / "checkpoints" / "global_step_2")
-    monkeypatch.setattr(miniature.Pipeline, "_collect", lambda self: {"dataset": str(source / "demos")})
-    monkeypatch.setattr(miniature.Pipeline, "_sft", lambda self: {"log": str(source / "sft"), "checkpoint": checkpoint})
-    monkeypatch.setattr(miniature.Pipeline, "_eval_sft", lambda self: {})
-    monkeypatch.setattr(miniature.Pipeline, "_eval_rl", lambda self, seed: {})
+    monkeypatch.setattr(Miniature, "_collect", lambda self, phase: {"dataset": str(source / "demos")})
+    monkeypatch.setattr(Miniature, "_sft", lambda self, phase: {"log": str(source / "sft"), "checkpoint": checkpoint})
+    monkeypatch.setattr(Miniature, "_evaluate", lambda self, phase, *args: {})
     trained = {}
-    monkeypatch.setattr(miniature.Pipeline, "_train", lambda self, phase, recipe, log, overrides, keep_log=False:
-                        trained.setdefault(log, list(overrides)))
-    monkeypatch.setattr(miniature, "last_checkpoint", lambda log: os.path.join(log, "checkpoints", "global_step_1"))
-    for name in ("build_record", "summary_record", "write_record"):
-        monkeypatch.setattr(miniature, name, lambda *args: {})
-    monkeypatch.setattr(miniature, "summary_line", lambda record: "")
-    miniature.Pipeline(miniature._parse(["openvla", "--out", str(source)])).run()
+
+    def command(self, phase, label, arguments):
+        log = next(item.split("=", 1)[1] for item in arguments if item.startswith("runner.logger.log_path="))
+        trained.setdefault(log, [phase.command, *arguments])
+        return {"log": log, "checkpoint": os.path.join(log, "checkpoints", "global_step_1")}
+
+    monkeypatch.setattr(Pipeline, "command", command)
+    _stub_record(monkeypatch)
+    _miniature("openvla", "--out", str(source)).run()
     fork = tmp_path / "fork"
-    miniature.Pipeline(miniature._parse(["openvla", "--out", str(fork), "--sft-from", str(source),
-                                         "rl:algorithm.demo_loss_coef=0.5"])).run()
-    overrides = trained[str(fork / "rl_seed0")]
-    assert f"model.init_from={checkpoint}" in overrides and f"dataset.root={source / 'demos'}" in overrides
-    assert "algorithm.demo_loss_coef=0.5" in overrides and str(fork / "sft") not in trained
+    _miniature("openvla", "--out", str(fork), "--sft-from", str(source), "rl:algorithm.demo_loss_coef=0.5").run()
+    arguments = trained[str(fork / "rl_seed0")]
+    assert arguments[:2] == ["train", "maniskill_miniature_ppo_openvla"]
+    assert f"model.init_from={checkpoint}" in arguments and f"dataset.root={source / 'demos'}" in arguments
+    assert "algorithm.demo_loss_coef=0.5" in arguments and str(fork / "sft") not in trained
 
 
 def test_the_sft_checkpoint_is_evaluated_with_the_rl_recipes_decision_rule(tmp_path, monkeypatch):
     """A model key that shapes both decision rules (Pi0's model.initial_noise_scale) given to the RL
     phase is given to both evaluations of the SFT checkpoint too; a fork with --sft-from evaluates
     the SFT checkpoint again where its source decided otherwise, and keeps its RL runs."""
-    import miniature
 
     assert len(_pipeline(tmp_path, monkeypatch, family="pi0")) == 5
     zero = "rl:model.initial_noise_scale=0"
@@ -232,12 +260,12 @@ def test_the_sft_checkpoint_is_evaluated_with_the_rl_recipes_decision_rule(tmp_p
     assert _pipeline(tmp_path, monkeypatch, *fork, "rl:actor.lr=1e-5", zero, family="pi0") == \
         ["eval_sft", "rl_seed0", "eval_rl_seed0"]
     assert _pipeline(tmp_path, monkeypatch, *fork, "rl:actor.lr=1e-5", zero, family="pi0") == []
-    pipeline = miniature.Pipeline(miniature._parse(["pi0", "--out", str(tmp_path / "fork"), zero]))
+    pipeline = _miniature("pi0", "--out", str(tmp_path / "fork"), zero)
+    eval_sft = next(phase for phase in pipeline.pipeline.phases if phase.name == "eval_sft")
     assert pipeline._rl_model_values(pipeline.family.rule_keys) == ["model.initial_noise_scale=0"]
-    assert pipeline._phase_settings("eval_sft")["rule"] == ["model.initial_noise_scale=0"]
+    assert pipeline.settings(eval_sft)["rule"] == ["model.initial_noise_scale=0"]
     # without such a key the evaluation's settings are those of earlier pipelines (their results stand)
-    assert "rule" not in miniature.Pipeline(miniature._parse(["pi0", "--out", str(tmp_path / "x")]))._phase_settings(
-        "eval_sft")
+    assert "rule" not in _miniature("pi0", "--out", str(tmp_path / "x")).settings(eval_sft)
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path):
@@ -252,33 +280,31 @@ def test_more_rl_updates_continue_the_earlier_run_from_its_last_checkpoint(tmp_p
     last checkpoint (runner.resume_dir) in its own folder, kept, and its time adds to the earlier
     one's; its evaluation runs again. Any other change starts the run afresh, and so does a run
     whose checkpoint is gone."""
-    import miniature
+    from embodied_async.miniature import Miniature
+    from embodied_async.pipeline import Pipeline
 
     trained = []
 
-    def call(self, phase, command):  # the training command _train builds, run as a stub
-        value = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in command if "=" in item}
+    def command(self, phase, label, arguments):  # the training command Miniature._train builds, run as a stub
+        value = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in arguments if "=" in item}
         steps, log = int(value.get("runner.max_steps", 7)), value["runner.logger.log_path"]  # 7: "the recipe's"
         os.makedirs(os.path.join(log, "checkpoints", f"global_step_{steps}"))
-        trained.append((phase, steps, [item for item in command if item.startswith("runner.resume_dir=")]))
-
-    def latest(log):
+        trained.append((label, steps, [item for item in arguments if item.startswith("runner.resume_dir=")]))
         root = os.path.join(log, "checkpoints")
-        return os.path.join(root, max(os.listdir(root), key=lambda name: int(name.rsplit("_", 1)[1])))
+        latest = max(os.listdir(root), key=lambda name: int(name.rsplit("_", 1)[1]))
+        return {"log": log, "checkpoint": os.path.join(root, latest)}
 
-    monkeypatch.setattr(miniature.Pipeline, "_call", call)
-    monkeypatch.setattr(miniature, "last_checkpoint", latest)
-    monkeypatch.setattr(miniature.Pipeline, "_collect", lambda self: {"dataset": "demos"})
-    monkeypatch.setattr(miniature.Pipeline, "_sft", lambda self: {"checkpoint": "sft_checkpoint"})
-    monkeypatch.setattr(miniature.Pipeline, "_eval_sft", lambda self: {})
+    monkeypatch.setattr(Pipeline, "command", command)
+    monkeypatch.setattr(Miniature, "_collect", lambda self, phase: {"dataset": "demos"})
+    monkeypatch.setattr(Miniature, "_sft", lambda self, phase: {"checkpoint": "sft_checkpoint"})
     evaluated = []
-    monkeypatch.setattr(miniature.Pipeline, "_eval_rl", lambda self, seed: evaluated.append(seed) or {})
-    for name in ("build_record", "summary_record", "write_record", "summary_line"):
-        monkeypatch.setattr(miniature, name, lambda *args: {} if name != "summary_line" else "")
+    monkeypatch.setattr(Miniature, "_evaluate", lambda self, phase, *args: (
+        evaluated.append(phase.seed) if phase.kind == "eval_rl" else None) or {})
+    _stub_record(monkeypatch)
 
     def pipeline(*argv):
         trained.clear(), evaluated.clear()
-        miniature.Pipeline(miniature._parse(["pi0", "--out", str(tmp_path / "out"), *argv])).run()
+        _miniature("pi0", "--out", str(tmp_path / "out"), *argv).run()
         with open(tmp_path / "out" / "pipeline.json") as f:
             return list(trained), list(evaluated), json.load(f)["phases"]
 
