@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -84,19 +85,25 @@ def wandb_items(items) -> dict:
     return out
 
 
-def wandb_run(log: str):
-    """(history rows, the run's config) from the one offline run under ``<log>/wandb``."""
+def wandb_run(log: str, settle_s: float = 20.0):
+    """(history rows, the run's config) from the one offline run under ``<log>/wandb``. wandb's own
+    service process writes the file: read again until its history has arrived (once, in a full
+    suite's run, a read right after ``finish()`` found none), up to ``settle_s``."""
     from wandb.proto.wandb_internal_pb2 import Record
 
     (path,) = glob.glob(os.path.join(log, "wandb", "offline-run-*", "run-*.wandb"))
-    rows, config = [], {}
-    for data in log_file_records(path):
-        record = Record.FromString(data)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(wandb_items(record.history.item))
-        elif record.WhichOneof("record_type") == "run":
-            config = wandb_items(record.run.config.update)
-    return rows, config
+    deadline = time.monotonic() + settle_s
+    while True:
+        rows, config = [], {}
+        for data in log_file_records(path):
+            record = Record.FromString(data)
+            if record.WhichOneof("record_type") == "history":
+                rows.append(wandb_items(record.history.item))
+            elif record.WhichOneof("record_type") == "run":
+                config = wandb_items(record.run.config.update)
+        if rows or time.monotonic() > deadline:
+            return rows, config
+        time.sleep(0.5)
 
 
 def swanlab_run(log: str):

@@ -413,6 +413,14 @@ class RunnerConfig:
     # Kubernetes' terminationGracePeriodSeconds 30 s): the update in flight may take half of it to
     # finish, the checkpoint the rest
     preemption_grace_s: float = 25.0
+    # healing: a worker process that dies (SIGKILL, the OOM killer, a segfault, a family's simulator
+    # process) or hangs restarts the run from its last complete checkpoint in the same log folder,
+    # at most this many times in any hour; past that, or at 0, the run stops as it did before,
+    # naming every fault. An error a worker raises (a bug, bad data) is never healed
+    restarts_per_hour: int = 3
+    # an env or rollout worker busy in one section (a simulator step, an inference) or silent for
+    # this long is hung: the run treats it as dead (0: never)
+    hang_timeout_s: float = 60.0
     # False: checkpoints hold the trainable parameters (all of them for MLP/CNN, adapters and
     # value head under LoRA) and name the base checkpoint; True: also every frozen weight
     checkpoint_frozen_weights: bool = False

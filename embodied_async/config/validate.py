@@ -416,6 +416,10 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
           "keep at least the newest checkpoint", null="to keep every checkpoint")
     bound(runner.preemption_grace_s, "runner.preemption_grace_s", lambda v: v > 0, "must be > 0",
           "set it a few seconds below the scheduler's grace period (SLURM's KillWait, 30 s by default)")
+    bound(runner.restarts_per_hour, "runner.restarts_per_hour", lambda v: v >= 0, "must be >= 0",
+          "use 0 to stop at the first fault, or N to restart from the last checkpoint up to N times an hour")
+    bound(runner.hang_timeout_s, "runner.hang_timeout_s", lambda v: v == 0 or v >= 5, "must be 0 or >= 5",
+          "use 0 to never treat a busy worker as hung, or the longest a simulator step or an inference may take")
     bound(runner.max_env_steps, "runner.max_env_steps", lambda v: v >= 1, "must be positive", "set an env-step budget",
           null="to stop at runner.max_steps only")
     bound(runner.stop_at_eval_success, "runner.stop_at_eval_success", lambda v: 0.0 < v <= 1.0,

@@ -51,6 +51,14 @@ def _start_child(python_env: str, start: Dict[str, Any]) -> subprocess.Popen:
     return process
 
 
+class SimulatorEnded(RuntimeError):
+    """The family's simulator process ended under its env worker (killed, out of memory, crashed):
+    the runner counts it as a process's death (``worker_group.WorkerDied``), which a run may heal."""
+
+    process_ended = True
+    reported_in_full = True  # its message says all: the runner shows it without the worker's traceback
+
+
 def _reply(process: subprocess.Popen, family: str) -> Any:
     """The child's next reply; RuntimeError naming the family when it failed or ended."""
     try:
@@ -59,7 +67,7 @@ def _reply(process: subprocess.Popen, family: str) -> Any:
         code = process.wait(timeout=CLOSE_TIMEOUT_S) if isinstance(err, EOFError) else None
         why = "it was killed (SIGKILL: by hand, or by the kernel when memory ran out: run fewer sub-envs)" \
             if code == -9 else f"its output above says why ({err})"
-        raise RuntimeError(f"the {family} simulator's child process ended (exit code {code}); {why}") from None
+        raise SimulatorEnded(f"the {family} simulator's child process ended (exit code {code}); {why}") from None
     if "error" in reply:
         raise RuntimeError(f"the {family} simulator (child process) failed: {reply['error']}")
     return reply["result"]

@@ -22,10 +22,11 @@ from embodied_async.metrics import MetricLogger, print_progress
 from embodied_async.private_files import make_log_folder
 from embodied_async.runner.graph import Graph
 from embodied_async.runner.modes import MODES
-from embodied_async.scheduler.worker_group import Pending, WorkerFailed, wait_all
+from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerHung, wait_all, wait_answers
 from embodied_async.signals import deferred, preempted, stop_signal, take_save_request
 
 INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
+HANG_CHECK_S = 5.0  # how often a step that has not finished looks for a hung worker (runner.hang_timeout_s)
 TOTALS = ("time/env", "time/rollout", "time/actor_training")  # summed over the run into its result
 
 
@@ -33,8 +34,9 @@ class Runner:
     """Drives one run. ``topology``: the one ``config.resolve`` returned with ``cfg`` (resolved
     here when not given)."""
 
-    def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None):
+    def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None, restart: Optional[Dict] = None):
         self.cfg = cfg
+        self.restart = restart  # a healed fault's record (runner/healing.py), logged once the workers run again
         self.topology = topology if topology is not None else resolve_topology(cfg)
         self.mode = MODES[cfg.runner.mode](cfg, self.topology)
         self.log_path = cfg.runner.logger.log_path
@@ -109,10 +111,12 @@ class Runner:
         start_time, last_time = time.time(), time.time()
         wall_offset = self.state.get("wall_time_s", 0.0)
         paused_at_last = self.state.get("eval_paused_s", 0.0)
+        if self.restart is not None:  # the gap: from the fault to the workers running again
+            logger.log({**self.restart, "heal/gap_s": time.time() - self.restart.pop("heal/fault_time")})
         while not self.mode.done(self.state["step"]):
             with deferred():  # a stop must not fall between submitting and recording the call
                 self.in_flight = self.mode.step(self.graph)
-            metrics = self._count_finished_step(wait_all(self.in_flight, watch=self.loops))
+            metrics = self._count_finished_step(self._wait_watching_hangs(self.in_flight))
             self.in_flight = []
             now, paused_s = time.time(), self.state.get("eval_paused_s", 0.0)
             # the interval's throughput leaves out a paused evaluation inside it
@@ -130,6 +134,18 @@ class Runner:
             self._log_step(logger, record)
             if last:
                 break
+
+    def _wait_watching_hangs(self, pending: List[Pending]) -> list:
+        """``wait_all(pending)`` watching the loops; with ``runner.hang_timeout_s``, a looping worker
+        busy in one section (or silent) for longer is a ``WorkerHung`` naming it and its activity."""
+        timeout = self.cfg.runner.hang_timeout_s
+        if not timeout:
+            return wait_all(pending, watch=self.loops)
+        while True:
+            try:
+                return wait_all(pending, watch=self.loops, timeout=min(timeout / 4, HANG_CHECK_S))
+            except TimeoutError:
+                check_hangs(self.graph, timeout)
 
     def _after_step(self, record: Dict) -> bool:
         """Evaluate, stop and save as the step that made ``record`` calls for; True to stop."""
@@ -321,3 +337,17 @@ class Runner:
                 self._close(logger, failed)
         return {"step": self.state["step"], "env_steps": self.state["env_steps"], "eval/success_rate": self.last_eval,
                 "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals, **self.mode.summary()}
+
+
+def check_hangs(graph: Graph, timeout: float) -> None:
+    """``WorkerHung`` for the first looping worker (one with a ``heartbeat``) busy in one section
+    for more than ``timeout`` seconds, or not answering within it; its section names what it was
+    doing (``env``: stepping its simulators; ``rollout``: computing actions)."""
+    for group in graph.looping():
+        if not hasattr(group.cls, "heartbeat"):
+            continue
+        busy = wait_answers(group.call("heartbeat"), timeout=timeout)
+        for rank, section in enumerate(busy):
+            if section is not None and section[1] > timeout:
+                raise WorkerHung(f"{group.name}[{rank}] hung: busy in its '{section[0]}' section for "
+                                 f"{section[1]:.0f} s, more than runner.hang_timeout_s={timeout:g}")

@@ -14,7 +14,7 @@ from embodied_async.config import Topology
 from embodied_async.metrics import pool_env_metrics, progress_line
 from embodied_async.runner.graph import Graph, Mode, placement_slots, start_trainer
 from embodied_async.scheduler.graph_channels import GraphChannels
-from embodied_async.scheduler.worker_group import Pending, WorkerGroup, wait_all
+from embodied_async.scheduler.worker_group import Pending, WorkerGroup, wait_all, wait_answers
 from embodied_async.workers.actor_worker import ActorWorker
 from embodied_async.workers.env_worker import EnvWorker
 from embodied_async.workers.rollout_worker import RolloutWorker
@@ -91,8 +91,9 @@ class PPOMode(Mode):
                     loops: List[Pending]) -> Dict[str, float]:
         """The update's metrics, the env workers' pooled, the rollout workers' (time: their mean;
         CPU and traffic: sums) and each channel's queue size (flat over a long run: benchmarks/soak.py)."""
-        env_parts = wait_all(graph.env.call("pop_metrics"), watch=loops)
-        rollout_parts = wait_all(graph.rollout.call("pop_metrics"), watch=loops)
+        patience = self.cfg.runner.hang_timeout_s  # a worker that does not answer is hung
+        env_parts = wait_answers(graph.env.call("pop_metrics"), watch=loops, timeout=patience)
+        rollout_parts = wait_answers(graph.rollout.call("pop_metrics"), watch=loops, timeout=patience)
         record = dict(metrics)
         record.update(pool_env_metrics(env_parts, interval_s))
         for key in rollout_parts[0]:

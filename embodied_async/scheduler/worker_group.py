@@ -21,6 +21,16 @@ class WorkerFailed(RuntimeError):
     """A long-lived worker loop ended with an error (or ended when it should not have)."""
 
 
+class WorkerDied(WorkerFailed):
+    """A worker's process ended under it (SIGKILL, the kernel's OOM killer, a segfault, a lost
+    node), or a simulator process it owns did (an error carrying ``process_ended``): a fault of
+    the machine, which a run may heal (``runner.restarts_per_hour``), not an error of the code."""
+
+
+class WorkerHung(WorkerFailed):
+    """A worker busy in one section, or silent, for longer than ``runner.hang_timeout_s``."""
+
+
 class Pending:
     """A call in flight: a Ray ObjectRef or a concurrent Future behind one interface."""
 
@@ -144,7 +154,7 @@ class WorkerGroup:
 
     def __init__(self, name: str, cls: type, topology, backend: str, kwargs_for: Callable[[int], Dict[str, Any]],
                  num_nodes: int = 1, slots: Optional[List[tuple]] = None):
-        self.name, self.backend = name, backend
+        self.name, self.backend, self.cls = name, backend, cls
         self.device_ids = topology.ids(name)
         device_kind = topology.device_kind
         self.workers: List[Any] = []
@@ -208,9 +218,9 @@ def _result_naming_worker(pending: Pending) -> Any:
     try:
         return pending.result()
     except Exception as err:
-        if type(err).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError"):
-            raise WorkerFailed(f"{pending.label} failed: the {pending.label.split('.')[0]} process died "
-                               f"({str(err).splitlines()[0]})") from err
+        if type(err).__name__ in _DIED:
+            raise WorkerDied(f"{pending.label} failed: the {pending.label.split('[')[0]} process died "
+                             f"({str(err).splitlines()[0]})") from err
         raise
 
 
@@ -232,6 +242,20 @@ def wait_all(pending: List[Pending], watch: Sequence[Pending] = (), timeout: Opt
         _sleep_until_one_is_done([p for p in pending if not p.done()] + list(watch), poll)
 
 
+def wait_answers(pending: List[Pending], watch: Sequence[Pending] = (), timeout: float = 0.0) -> List[Any]:
+    """``wait_all`` for calls a live worker answers at once (its metrics, its heartbeat): one not
+    answered within ``timeout`` seconds (``runner.hang_timeout_s``; 0: wait for ever) is a
+    ``WorkerHung`` naming it."""
+    if not timeout:
+        return wait_all(pending, watch=watch)
+    try:
+        return wait_all(pending, watch=watch, timeout=timeout)
+    except TimeoutError:
+        silent = [call.label for call in pending if not call.done()]
+        raise WorkerHung(f"{silent[0]} hung: it did not answer for {timeout:.0f} s (runner.hang_timeout_s): a "
+                         "stopped or wedged process") from None
+
+
 _DIED = ("RayActorError", "ActorDiedError", "ActorUnavailableError")
 CAUSE_GRACE_S = 3.0  # how long a loop that ended waits for the failure that may have caused it
 
@@ -251,7 +275,11 @@ def _raise_for_ended_loop(watch: Sequence[Pending], pending: Sequence[Pending] =
     try:
         call.result()
     except Exception as err:  # the worker's own error, re-raised with its name
-        raise WorkerFailed(f"{call.label} failed: {_worker_error_text(err)}") from err
+        if died:
+            raise WorkerDied(f"{call.label} failed: the {call.label.split('[')[0]} process died "
+                             f"({str(err).splitlines()[0]})") from err
+        ended = getattr(getattr(err, "cause", err), "process_ended", False)
+        raise (WorkerDied if ended else WorkerFailed)(f"{call.label} failed: {_worker_error_text(err)}") from err
     raise WorkerFailed(f"{call.label} stopped unexpectedly")
 
 

@@ -8,7 +8,7 @@ import resource
 import threading
 import time
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 def setup_worker_process(device_kind: str, device_id: int, cpu_threads: int, seed: int) -> str:
@@ -33,11 +33,21 @@ def setup_worker_process(device_kind: str, device_id: int, cpu_threads: int, see
 class BusyTimer:
     """Accumulates seconds per named section (``time/env`` etc.): wall seconds under the name,
     and the CPU seconds of the timing thread under ``<name>_cpu`` (on a shared core the two
-    differ: wall time includes waiting for the core). Thread-safe pop."""
+    differ: wall time includes waiting for the core). Thread-safe pop. The sections open now are
+    the worker's heartbeat (``busy``): one open for too long is a hung worker."""
 
     def __init__(self) -> None:
         self._totals: Dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
+        self._open: Dict[int, tuple] = {}  # thread id -> (section, when it opened: time.monotonic())
+
+    def busy(self, waiting: Sequence[str] = ("wait",)) -> Optional[Tuple[str, float]]:
+        """The section open longest, but those of ``waiting`` (a peer's hang, not this worker's),
+        and for how many seconds; None when the worker is in none."""
+        now = time.monotonic()
+        with self._lock:
+            opened = [(name, now - since) for name, since in self._open.values() if name not in waiting]
+        return max(opened, key=lambda item: item[1]) if opened else None
 
     def add(self, name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         with self._lock:
@@ -59,9 +69,17 @@ class _Section:
 
     def __enter__(self):
         self.start, self.start_cpu = time.perf_counter(), time.thread_time()
+        with self.timer._lock:
+            self.outer = self.timer._open.get(threading.get_ident())
+            self.timer._open[threading.get_ident()] = (self.name, time.monotonic())
         return self
 
     def __exit__(self, *exc):
+        with self.timer._lock:
+            if self.outer is None:
+                self.timer._open.pop(threading.get_ident(), None)
+            else:
+                self.timer._open[threading.get_ident()] = self.outer
         self.timer.add(self.name, time.perf_counter() - self.start, time.thread_time() - self.start_cpu)
         return False
 

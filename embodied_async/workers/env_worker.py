@@ -240,6 +240,11 @@ class EnvWorker:
     def stop(self) -> None:
         self._stop.set()
 
+    def heartbeat(self):
+        """``(section, seconds)``: what the loop has been busy with, and for how long (None while
+        it waits for a peer); the runner's hang check (``runner.hang_timeout_s``) reads it."""
+        return self.timer.busy()
+
     def pop_metrics(self) -> Dict[str, float]:
         """Episode statistics and busy time since the last call (``metrics.pool_env_metrics`` pools
         the workers: counts add up, per-episode means are weighted by ``env/episodes``)."""

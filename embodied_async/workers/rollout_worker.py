@@ -286,6 +286,11 @@ class RolloutWorker:
     def stop(self) -> None:
         self._stop.set()
 
+    def heartbeat(self):
+        """``(section, seconds)``: what the loop has been busy with, and for how long (None while
+        it waits for a peer); the runner's hang check (``runner.hang_timeout_s``) reads it."""
+        return self.timer.busy()
+
     def pop_metrics(self) -> Dict[str, float]:
         times = self.timer.pop()
         return {"time/rollout": times.get("rollout", 0.0), "time/rollout_wait": times.get("wait", 0.0),

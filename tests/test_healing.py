@@ -1,0 +1,153 @@
+"""Healing without processes: the fault budget, the restart from the last checkpoint, what is never
+healed, and how a hung worker is found (its heartbeat: the section it has been busy in)."""
+
+import concurrent.futures
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from embodied_async.runner import healing
+from embodied_async.runner.loop import check_hangs
+from embodied_async.scheduler.worker_group import Pending, WorkerDied, WorkerFailed, WorkerHung
+from embodied_async.workers.base import BusyTimer
+
+
+def test_the_heartbeat_is_the_longest_open_section_not_a_wait():
+    timer = BusyTimer()
+    assert timer.busy() is None
+    with timer.section("env"):
+        time.sleep(0.05)
+        with timer.section("wait"):  # waiting for a peer inside it: the peer's hang, not this worker's
+            assert timer.busy() is None
+        name, seconds = timer.busy()  # busy in 'env' again, since it opened
+        assert name == "env" and seconds >= 0.05
+    assert timer.busy() is None
+    with timer.section("wait"):
+        assert timer.busy() is None  # a worker waiting on a peer is not the hung one
+    seen = []
+    with timer.section("env"):  # another thread's section counts too (the worker's loop runs in one)
+        worker = threading.Thread(target=lambda: seen.append(timer.busy()))
+        worker.start(), worker.join()
+    assert seen[0][0] == "env"
+    assert {"env", "wait"} <= set(timer.pop())  # the sections still count their time
+
+
+def test_the_budget_counts_faults_within_an_hour(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(healing.time, "monotonic", lambda: clock[0])
+    faults = healing.Faults(per_hour=2)
+    assert faults.add("a") and faults.add("b") and not faults.add("c")
+    clock[0] = 3600.0 + 1  # the first two are more than an hour old: a fourth may be healed
+    assert faults.add("d")
+    assert faults.named() == "(1) a; (2) b; (3) c; (4) d"
+
+
+class FakeRunner:
+    """A run whose attempts end as ``outcomes`` say (an exception, or a result); it was at step 5
+    and its last checkpoint is the one ``checkpoint_at`` gives."""
+
+    outcomes: list = []
+    attempts: list = []
+
+    def __init__(self, cfg, topology=None, restart=None):
+        self.cfg, self.restart = cfg, restart
+        self.mode = SimpleNamespace(trains=True)
+        self.checkpoint_root = "root"
+        self.state = {"step": 5}
+        self.lines = []
+        FakeRunner.attempts.append(self)
+
+    def log(self, line):
+        self.lines.append(line)
+
+    def run(self):
+        outcome = FakeRunner.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def _cfg(per_hour=3, resume_dir=None):
+    from embodied_async.config.schema import RunnerConfig, TrainConfig
+
+    return TrainConfig(runner=RunnerConfig(restarts_per_hour=per_hour, resume_dir=resume_dir))
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    FakeRunner.attempts = []
+    monkeypatch.setattr(healing, "Runner", FakeRunner)
+    monkeypatch.setattr(healing.run_folder, "latest_checkpoint", lambda root: "ckpt/global_step_4")
+    monkeypatch.setattr(healing.run_folder, "read_runner_state", lambda path: {"step": 4 if path else 0})
+    return FakeRunner
+
+
+def test_a_dead_or_hung_worker_restarts_the_run_from_its_last_checkpoint(fake_runs):
+    fake_runs.outcomes = [WorkerDied("env[0].run failed: the env process died"),
+                          WorkerHung("rollout[0] hung: busy in its 'rollout' section for 70 s"), {"step": 8}]
+    assert healing.run_healing(_cfg()) == {"step": 8}
+    first, second, third = fake_runs.attempts
+    assert first.cfg.runner.resume_dir is None and first.restart is None
+    assert second.cfg.runner.resume_dir == third.cfg.runner.resume_dir == "ckpt/global_step_4"
+    record = third.restart
+    assert record["step"] == 4 and record["heal/restarts"] == 2 and record["heal/lost_steps"] == 1
+    assert record["heal/hung"] == 1 and "rollout[0] hung" in record["heal/fault"]
+    assert "restarting every worker from its last checkpoint ckpt/global_step_4" in first.lines[0]
+
+
+def test_past_the_budget_the_run_stops_naming_every_fault(fake_runs):
+    fake_runs.outcomes = [WorkerDied("env[0] died"), WorkerDied("env[1] died")]
+    with pytest.raises(WorkerDied, match=r"2 faults within an hour, past runner.restarts_per_hour=1: stopping\. "
+                                         r"The faults: \(1\) env\[0\] died; \(2\) env\[1\] died"):
+        healing.run_healing(_cfg(per_hour=1))
+
+
+def test_a_workers_own_error_and_a_budget_of_zero_are_never_healed(fake_runs):
+    fake_runs.outcomes = [WorkerFailed("env[0].run failed: ValueError: a bug")]
+    with pytest.raises(WorkerFailed, match="a bug") as raised:
+        healing.run_healing(_cfg())
+    assert type(raised.value) is WorkerFailed and len(fake_runs.attempts) == 1
+    fake_runs.outcomes = [WorkerDied("env[0] died")]
+    with pytest.raises(WorkerDied, match=r"^env\[0\] died$"):
+        healing.run_healing(_cfg(per_hour=0))
+    # a bug after a healed fault names the fault too
+    fake_runs.outcomes = [WorkerDied("env[0] died"), WorkerFailed("rollout[0].run failed: a bug")]
+    with pytest.raises(WorkerFailed, match=r"a bug; faults healed before it: \(1\) env\[0\] died"):
+        healing.run_healing(_cfg())
+
+
+class Beating:
+    """A worker whose heartbeat is ``busy`` (or that never answers: ``None`` as a future never done)."""
+
+    def heartbeat(self):
+        return None
+
+
+def _group(name, beats):
+    def call(method):
+        assert method == "heartbeat"
+        pending = []
+        for rank, beat in enumerate(beats):
+            future = concurrent.futures.Future()
+            if beat != "silent":
+                future.set_result(beat)
+            pending.append(Pending(future, f"{name}[{rank}].heartbeat"))
+        return pending
+
+    return SimpleNamespace(name=name, cls=Beating, call=call)
+
+
+def test_a_worker_busy_past_the_timeout_or_silent_is_hung_and_a_waiting_one_is_not():
+    graph = SimpleNamespace(looping=lambda: [_group("env", [None, ("env", 2.0)]), _group("rollout", [None])])
+    check_hangs(graph, timeout=5)  # busy for less than the timeout, or waiting: nothing hung
+    graph = SimpleNamespace(looping=lambda: [_group("env", [None, ("env", 7.5)])])
+    with pytest.raises(WorkerHung, match=r"env\[1\] hung: busy in its 'env' section for 8 s, more than "
+                                         r"runner.hang_timeout_s=5"):
+        check_hangs(graph, timeout=5)
+    graph = SimpleNamespace(looping=lambda: [_group("rollout", ["silent"])])
+    started = time.monotonic()
+    with pytest.raises(WorkerHung, match=r"rollout\[0\].heartbeat hung: it did not answer for 1 s"):
+        check_hangs(graph, timeout=1)
+    assert time.monotonic() - started < 3
