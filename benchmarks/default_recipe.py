@@ -347,6 +347,7 @@ def main() -> None:
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     if args.record:
+        os.makedirs(args.record, exist_ok=True)
         stem = os.path.join(args.record, f"{report['date']}-default-recipe" + (f"-{args.label}" if args.label else ""))
         with open(stem + ".json", "w") as f:
             json.dump(report, f, indent=1)
