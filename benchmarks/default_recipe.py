@@ -347,16 +347,21 @@ def main() -> None:
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     if args.record:
-        os.makedirs(args.record, exist_ok=True)
-        stem = os.path.join(args.record, f"{report['date']}-default-recipe" + (f"-{args.label}" if args.label else ""))
-        with open(stem + ".json", "w") as f:
-            json.dump(report, f, indent=1)
-        with open(stem + ".md", "w") as f:
-            f.write(f"# The default recipe to eval success {TARGET} ({report['date']})\n\nMachine: {report['machine']}."
-                    f"\n\n    .venv/bin/python {os.path.relpath(__file__, REPO_ROOT)} {invocation(args, codes)}\n\n"
-                    + "\n".join(lines) + "\n")
-        print(f"[default-recipe] recorded {stem}.json and .md", flush=True)
+        write_record(report, lines, args, codes)
     print(f"[default-recipe] written to {out_dir}/report.json", flush=True)
+
+
+def write_record(report: dict, lines: list, args, codes) -> None:
+    """``--record``: the report as ``<date>-default-recipe[-<label>].json`` and ``.md`` there."""
+    os.makedirs(args.record, exist_ok=True)
+    stem = os.path.join(args.record, f"{report['date']}-default-recipe" + (f"-{args.label}" if args.label else ""))
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(f"# The default recipe to eval success {TARGET} ({report['date']})\n\nMachine: {report['machine']}."
+                f"\n\n    .venv/bin/python {os.path.relpath(__file__, REPO_ROOT)} {invocation(args, codes)}\n\n"
+                + "\n".join(lines) + "\n")
+    print(f"[default-recipe] recorded {stem}.json and .md", flush=True)
 
 
 def invocation(args, codes: Sequence[str]) -> str:
