@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from embodied_async.runner import faults as faults_module
 from embodied_async.runner import healing
+from embodied_async.runner.faults import Faults, FaultsPastBudget
 from embodied_async.runner.loop import check_hangs
 from embodied_async.scheduler.worker_group import Pending, WorkerDied, WorkerFailed, WorkerHung
 from embodied_async.workers.base import BusyTimer
@@ -36,11 +38,14 @@ def test_the_heartbeat_is_the_longest_open_section_not_a_wait():
 
 def test_the_budget_counts_faults_within_an_hour(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(healing.time, "monotonic", lambda: clock[0])
-    faults = healing.Faults(per_hour=2)
-    assert faults.add("a") and faults.add("b") and not faults.add("c")
+    monkeypatch.setattr(faults_module.time, "monotonic", lambda: clock[0])
+    faults = Faults(per_hour=2)
+    faults.admit(WorkerDied("a"))
+    faults.admit(WorkerDied("b"))
+    with pytest.raises(FaultsPastBudget, match=r"3 faults within an hour, past runner.restarts_per_hour=2"):
+        faults.admit(WorkerHung("c"))
     clock[0] = 3600.0 + 1  # the first two are more than an hour old: a fourth may be healed
-    assert faults.add("d")
+    faults.admit(WorkerDied("d"))
     assert faults.named() == "(1) a; (2) b; (3) c; (4) d"
 
 
@@ -51,8 +56,8 @@ class FakeRunner:
     outcomes: list = []
     attempts: list = []
 
-    def __init__(self, cfg, topology=None, restart=None):
-        self.cfg, self.restart = cfg, restart
+    def __init__(self, cfg, topology=None, restart=None, faults=None):
+        self.cfg, self.restart, self.faults = cfg, restart, faults
         self.mode = SimpleNamespace(trains=True)
         self.checkpoint_root = "root"
         self.state = {"step": 5}
@@ -93,13 +98,32 @@ def test_a_dead_or_hung_worker_restarts_the_run_from_its_last_checkpoint(fake_ru
     assert second.cfg.runner.resume_dir == third.cfg.runner.resume_dir == "ckpt/global_step_4"
     record = third.restart
     assert record["step"] == 4 and record["heal/restarts"] == 2 and record["heal/lost_steps"] == 1
+    assert first.faults is second.faults and len(first.faults.seen) == 2  # one budget over the attempts
     assert record["heal/hung"] == 1 and "rollout[0] hung" in record["heal/fault"]
     assert "restarting every worker from its last checkpoint ckpt/global_step_4" in first.lines[0]
 
 
+def test_faults_an_attempt_healed_in_place_count_in_the_budget(fake_runs, monkeypatch):
+    """An env worker replaced in place counts in the run's budget (the runner admits it): a later
+    fault that restarts the run may then be past it, and the error names both."""
+    class ReplacedOnce(FakeRunner):
+        def run(self):
+            self.faults.admit(WorkerDied("env[1].run failed: the env process died"))
+            return super().run()
+
+    monkeypatch.setattr(healing, "Runner", ReplacedOnce)
+    fake_runs.outcomes = [WorkerDied("actor[0].train_step failed: the actor process died")]
+    with pytest.raises(FaultsPastBudget, match=r"\(1\) env\[1\].*; \(2\) actor\[0\]"):
+        healing.run_healing(_cfg(per_hour=1))
+    monkeypatch.setattr(healing, "Runner", FakeRunner)
+    fake_runs.outcomes = [{"step": 8}]
+    assert healing.run_healing(_cfg(per_hour=0)) == {"step": 8}
+    assert fake_runs.attempts[-1].faults is None  # healing off: not even in place
+
+
 def test_past_the_budget_the_run_stops_naming_every_fault(fake_runs):
     fake_runs.outcomes = [WorkerDied("env[0] died"), WorkerDied("env[1] died")]
-    with pytest.raises(WorkerDied, match=r"2 faults within an hour, past runner.restarts_per_hour=1: stopping\. "
+    with pytest.raises(FaultsPastBudget, match=r"2 faults within an hour, past runner.restarts_per_hour=1: stopping\. "
                                          r"The faults: \(1\) env\[0\] died; \(2\) env\[1\] died"):
         healing.run_healing(_cfg(per_hour=1))
 

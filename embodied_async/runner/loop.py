@@ -13,7 +13,7 @@ import dataclasses
 import shutil
 import signal
 import time
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from embodied_async import run_folder, signals
 from embodied_async.config import Topology, TrainConfig, resolve_topology
@@ -22,7 +22,14 @@ from embodied_async.metrics import MetricLogger, print_progress
 from embodied_async.private_files import make_log_folder
 from embodied_async.runner.graph import Graph
 from embodied_async.runner.modes import MODES
-from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerHung, wait_all, wait_answers
+from embodied_async.scheduler.worker_group import (
+    Pending,
+    WorkerDied,
+    WorkerFailed,
+    WorkerHung,
+    wait_all,
+    wait_answers,
+)
 from embodied_async.signals import deferred, preempted, stop_signal, take_save_request
 
 INTERRUPT_GRACE_S = 8.0  # how long Ctrl-C waits for the update in flight before saving
@@ -34,9 +41,15 @@ class Runner:
     """Drives one run. ``topology``: the one ``config.resolve`` returned with ``cfg`` (resolved
     here when not given)."""
 
-    def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None, restart: Optional[Dict] = None):
+    def __init__(self, cfg: TrainConfig, topology: Optional[Topology] = None, restart: Optional[Dict] = None,
+                 faults=None):
         self.cfg = cfg
         self.restart = restart  # a healed fault's record (runner/healing.py), logged once the workers run again
+        # healing (runner.restarts_per_hour > 0): the run's faults so far (faults.Faults), and each
+        # env rank's process since the start of this attempt (0, then one more per replacement)
+        self.faults = faults
+        self.env_incarnations: Dict[int, int] = {}
+        self.metric_logger: Optional[MetricLogger] = None  # while the run trains: where a replacement is logged
         self.topology = topology if topology is not None else resolve_topology(cfg)
         self.mode = MODES[cfg.runner.mode](cfg, self.topology)
         self.log_path = cfg.runner.logger.log_path
@@ -108,6 +121,7 @@ class Runner:
 
     # ---- the loop ----------------------------------------------------------------------------
     def _train(self, logger: MetricLogger) -> None:
+        self.metric_logger = logger
         start_time, last_time = time.time(), time.time()
         wall_offset = self.state.get("wall_time_s", 0.0)
         paused_at_last = self.state.get("eval_paused_s", 0.0)
@@ -116,12 +130,13 @@ class Runner:
         while not self.mode.done(self.state["step"]):
             with deferred():  # a stop must not fall between submitting and recording the call
                 self.in_flight = self.mode.step(self.graph)
-            metrics = self._count_finished_step(self._wait_watching_hangs(self.in_flight))
+            in_flight = self.in_flight
+            metrics = self._count_finished_step(self._healing(lambda: self._wait_watching_hangs(in_flight)))
             self.in_flight = []
             now, paused_s = time.time(), self.state.get("eval_paused_s", 0.0)
             # the interval's throughput leaves out a paused evaluation inside it
-            record = self.mode.step_record(self.graph, metrics, now - last_time - (paused_s - paused_at_last),
-                                           self.loops)
+            interval_s = now - last_time - (paused_s - paused_at_last)
+            record = self._healing(lambda: self.mode.step_record(self.graph, metrics, interval_s, self.loops))
             last_time, paused_at_last = now, paused_s
             self.state["env_steps"] += int(record.get("env/env_steps", 0))
             self.state["wall_time_s"] = wall_offset + now - start_time
@@ -146,6 +161,51 @@ class Runner:
                 return wait_all(pending, watch=self.loops, timeout=min(timeout / 4, HANG_CHECK_S))
             except TimeoutError:
                 check_hangs(self.graph, timeout)
+
+    def _healing(self, wait: Callable[[], Any]) -> Any:
+        """``wait()``, again after each dead or hung env worker it meets was replaced in place."""
+        while True:
+            try:
+                return wait()
+            except (WorkerDied, WorkerHung) as fault:
+                if not self._replace_env_worker(fault):
+                    raise
+
+    def _replace_env_worker(self, fault: WorkerFailed) -> bool:
+        """Heal a dead or hung env worker (or one whose simulator process ended) in place: a new
+        process with fresh simulators on its slot, the trajectories its streams had under way
+        dropped by the rollout worker serving it, every other worker untouched. False for a fault
+        this does not heal: ``healing.run_healing`` then restarts the whole run from its checkpoint
+        (a rollout or actor fault, a run in one process, healing off)."""
+        component, rank = fault.worker or ("", -1)
+        graph = self.graph
+        if self.faults is None or component != "env" or self.cfg.cluster.backend != "ray" or graph.rollout is None:
+            return False
+        self.faults.admit(fault)  # past the budget: FaultsPastBudget, the run stops
+        found_at = time.time()
+        incarnation = self.env_incarnations[rank] = self.env_incarnations.get(rank, 0) + 1
+        self.log(f"healing: {fault}; replacing env[{rank}] by a new process with fresh simulators (fault "
+                 f"{len(self.faults.seen)}, at most runner.restarts_per_hour={self.cfg.runner.restarts_per_hour}); "
+                 "the other workers go on")
+        others = [loop for loop in self.loops if loop.label != f"env[{rank}].run"]
+        try:
+            graph.env.replace(rank, incarnation=incarnation)
+            wait_all([graph.env.call_rank(rank, "spec")], watch=others, timeout=600)  # built
+            serving = rank // self.topology.env_workers_per_rollout
+            dropped = wait_all([graph.rollout.call_rank(serving, "replace_env", rank, incarnation)], watch=others,
+                               timeout=300)[0]
+        except (TimeoutError, WorkerFailed) as err:
+            raise WorkerFailed(f"env[{rank}] could not be replaced after '{fault}': {err}", fault.worker) from err
+        self.loops = [*others, graph.env.call_rank(rank, "run")]
+        gap_s = time.time() - found_at
+        self.log(f"healing: env[{rank}] replaced in {gap_s:.1f} s; dropped {dropped['decisions']:.0f} decisions "
+                 f"({dropped['samples']:.0f} samples) of the trajectories it had under way")
+        self.metric_logger.log({  # at once: a run that fails later still shows it
+            "step": self.state["step"], "heal/replaced": f"env[{rank}]", "heal/fault": str(fault),
+            "heal/hung": float(isinstance(fault, WorkerHung)), "heal/faults": float(len(self.faults.seen)),
+            "heal/lost_decisions": dropped["decisions"],
+            "heal/lost_samples": dropped["samples"], "heal/gap_s": gap_s})
+        return True
 
     def _after_step(self, record: Dict) -> bool:
         """Evaluate, stop and save as the step that made ``record`` calls for; True to stop."""
@@ -350,4 +410,4 @@ def check_hangs(graph: Graph, timeout: float) -> None:
         for rank, section in enumerate(busy):
             if section is not None and section[1] > timeout:
                 raise WorkerHung(f"{group.name}[{rank}] hung: busy in its '{section[0]}' section for "
-                                 f"{section[1]:.0f} s, more than runner.hang_timeout_s={timeout:g}")
+                                 f"{section[1]:.0f} s, more than runner.hang_timeout_s={timeout:g}", (group.name, rank))

@@ -233,6 +233,11 @@ class LocalChannel:
     def listen(self, keys: Sequence[Hashable]) -> None:
         """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
 
+    def reopen(self, key: Hashable) -> None:
+        """The process at ``key``'s other end was replaced (``DirectChannel`` then connects anew;
+        here the queue is the same for both, and what the old one left in it the messages'
+        ``incarnation`` tells apart)."""
+
 
 class _ChannelActor:
     """The Ray actor behind a RayChannel: the shared queue logic on an asyncio event loop.
@@ -417,6 +422,11 @@ class RayChannel:
 
     def listen(self, keys: Sequence[Hashable]) -> None:
         """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
+
+    def reopen(self, key: Hashable) -> None:
+        """The process at ``key``'s other end was replaced (``DirectChannel`` then connects anew;
+        here the queue is the same for both, and what the old one left in it the messages'
+        ``incarnation`` tells apart)."""
 
     def pop_traffic(self) -> Dict[str, float]:
         """Messages (each call and its reply) and payload bytes this process's copy moved since

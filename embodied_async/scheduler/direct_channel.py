@@ -48,6 +48,7 @@ from embodied_async.scheduler.channel_access import (
     send_all,
     stop_listening,
 )
+from embodied_async.scheduler.direct_link import GetWaiter, Link, wait_readable
 
 __all__ = ["DirectChannel"]
 
@@ -60,51 +61,6 @@ _SENT, _TAKEN = 0, 1
 
 def _counter_path(folder: str) -> str:
     return os.path.join(folder, "counts")
-
-
-def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
-    """True once ``sock`` is readable, hung up, or closed under us (the next operation on it then
-    reports that). poll(), not select(): select fails for descriptors from 1024 on."""
-    try:
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
-    except (OSError, ValueError):  # closed by another thread: fileno() is -1 or the fd is gone
-        return True
-
-
-class _GetWaiter:
-    __slots__ = ("item", "error", "done")
-
-    def __init__(self):
-        self.item, self.error, self.done = None, None, False
-
-    def result(self):
-        if self.error is not None:
-            raise self.error
-        return self.item
-
-
-class _Link:
-    """One key's connection as seen from this process: its producer end (``out_sock``) and its
-    consumer end (``listener``, then ``in_sock``); a process normally holds one of the two."""
-
-    def __init__(self):
-        # one lock per end: a process may hold both ends of a key (tests, one-process use), and a
-        # put waiting for an acknowledgement must not keep the get that sends it out
-        self.out_lock = threading.RLock()
-        self.in_lock = threading.RLock()
-        self.out_sock: Optional[socket.socket] = None
-        self.listener: Optional[socket.socket] = None
-        self.in_sock: Optional[socket.socket] = None
-        self.outbox: deque = deque()  # (sequence number, frame parts) not yet written
-        self.queued = 0  # sequence numbers given to puts
-        self.written = 0  # the last sequence number written into the socket (the earlier ones
-        # were written too, or withdrawn by a put that timed out)
-        self.unacknowledged = 0  # written, not yet taken by the consumer
-        self.send_error: Optional[Exception] = None  # the connection broke: unsent items are lost
-        self.waiters: deque = deque()  # gets waiting for an item, oldest first
-        self.refused = 0  # connections to this key's listener that failed the checks
 
 
 class DirectChannel:
@@ -125,7 +81,7 @@ class DirectChannel:
 
     def _init_process_state(self):
         self._index = {key: i for i, key in enumerate(self._keys)}
-        self._links: Dict[Hashable, _Link] = {}
+        self._links: Dict[Hashable, Link] = {}
         self._links_lock = threading.Lock()
         self._counts = None
         self._closed = False
@@ -149,7 +105,7 @@ class DirectChannel:
         self.__init__(*state)
 
     # ---- per-key state ------------------------------------------------------------------------
-    def _link(self, key) -> _Link:
+    def _link(self, key) -> Link:
         if self._closed:
             raise ChannelClosed(f"channel {self.name!r} is closed")
         link = self._links.get(key)
@@ -157,7 +113,7 @@ class DirectChannel:
             if key not in self._index:
                 raise KeyError(f"channel {self.name!r} carries the keys {self._keys}, not {key!r}")
             with self._links_lock:
-                link = self._links.setdefault(key, _Link())
+                link = self._links.setdefault(key, Link())
         return link
 
     def _count(self, key, column: int, delta: int) -> None:
@@ -173,7 +129,7 @@ class DirectChannel:
         return ChannelClosed(f"channel {self.name!r} key {key!r}: {why}")
 
     # ---- producer side -------------------------------------------------------------------------
-    def _connect(self, link: _Link, key, deadline: Optional[float]) -> bool:
+    def _connect(self, link: Link, key, deadline: Optional[float]) -> bool:
         """Connect to the consumer and prove that this process belongs to the run; False if the
         consumer is not listening yet by ``deadline``."""
         while link.out_sock is None:
@@ -192,8 +148,8 @@ class DirectChannel:
             link.out_sock = sock
         return True
 
-    def _read_acknowledgements(self, link: _Link, key, timeout: Optional[float]) -> None:
-        if timeout != 0 and not _wait_readable(link.out_sock, timeout):
+    def _read_acknowledgements(self, link: Link, key, timeout: Optional[float]) -> None:
+        if timeout != 0 and not wait_readable(link.out_sock, timeout):
             return
         try:
             data = link.out_sock.recv(65536, socket.MSG_DONTWAIT)
@@ -205,7 +161,7 @@ class DirectChannel:
             raise self._closed_error(key, "the consumer closed its end")
         link.unacknowledged -= len(data)
 
-    def _flush(self, link: _Link, key, until: int, deadline: Optional[float]) -> bool:
+    def _flush(self, link: Link, key, until: int, deadline: Optional[float]) -> bool:
         """Write queued items up to sequence number ``until``; False at ``deadline``."""
         if link.send_error is not None:
             raise link.send_error
@@ -237,7 +193,7 @@ class DirectChannel:
             self._add_traffic(1, sum(len(p) for p in parts))
         return True
 
-    def _enqueue(self, link: _Link, item) -> int:
+    def _enqueue(self, link: Link, item) -> int:
         body, buffers = dump_frame(item)
         raws = [b.raw() for b in buffers]
         header = _HEADER.pack(len(body), len(raws)) + b"".join(_LENGTH.pack(r.nbytes) for r in raws)
@@ -269,11 +225,11 @@ class DirectChannel:
                 raise TimeoutError(f"channel {self.name!r} key {key!r}: put timed out after {timeout} s")
 
     # ---- consumer side -------------------------------------------------------------------------
-    def _listen(self, link: _Link, key) -> None:
+    def _listen(self, link: Link, key) -> None:
         if link.listener is None and link.in_sock is None:
             link.listener = open_listener(self._folder, self._index[key], f"channel {self.name!r} key {key!r}")
 
-    def _count_refusal(self, link: _Link, key, why: str) -> None:
+    def _count_refusal(self, link: Link, key, why: str) -> None:
         link.refused += 1
         with self._traffic_lock:
             self.refused_connections += 1
@@ -282,13 +238,13 @@ class DirectChannel:
                   "closed unread (only this run's processes may connect; traffic/*_refused_connections counts them)",
                   file=sys.stderr, flush=True)
 
-    def _accept(self, link: _Link, key, deadline: Optional[float]) -> bool:
+    def _accept(self, link: Link, key, deadline: Optional[float]) -> bool:
         while link.in_sock is None:
             if self._closed:
                 raise self._closed_error(key, "closed")
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = _POLL_SLICE_S if remaining is None else min(remaining, _POLL_SLICE_S)
-            if _wait_readable(link.listener, wait):
+            if wait_readable(link.listener, wait):
                 try:
                     sock, why = accept_producer(link.listener, self._secret, self._id, self._index[key])
                 except OSError as err:
@@ -305,7 +261,7 @@ class DirectChannel:
                 return False
         return True
 
-    def _receive_one(self, link: _Link, key):
+    def _receive_one(self, link: Link, key):
         """The next frame, read whole (its pickle and its buffers), and acknowledged."""
         sock = link.in_sock
         try:
@@ -327,7 +283,7 @@ class DirectChannel:
                 pass
         return body, buffers
 
-    def _serve(self, link: _Link, key, waiter: _GetWaiter, deadline: Optional[float]) -> bool:
+    def _serve(self, link: Link, key, waiter: GetWaiter, deadline: Optional[float]) -> bool:
         """Read items for the waiting gets, oldest first, until ``waiter`` has one."""
         while not waiter.done:
             if self._closed:
@@ -336,7 +292,7 @@ class DirectChannel:
                 return False
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = _POLL_SLICE_S if remaining is None else min(remaining, _POLL_SLICE_S)
-            if not _wait_readable(link.in_sock, wait):
+            if not wait_readable(link.in_sock, wait):
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 continue
@@ -364,7 +320,7 @@ class DirectChannel:
         link = self._link(key)
         with link.in_lock:
             self._listen(link, key)
-            waiter = _GetWaiter()
+            waiter = GetWaiter()
             link.waiters.append(waiter)
         return _GetFuture(self, link, key, waiter)
 
@@ -375,7 +331,7 @@ class DirectChannel:
         deadline = None if timeout is None else time.monotonic() + timeout
         with link.in_lock:
             self._listen(link, key)
-            waiter = _GetWaiter()
+            waiter = GetWaiter()
             link.waiters.append(waiter)
             if not self._serve(link, key, waiter, deadline):
                 link.waiters.remove(waiter)
@@ -383,6 +339,24 @@ class DirectChannel:
             return waiter.result()
 
     # ---- the rest of the channel API -----------------------------------------------------------
+    def reopen(self, key: Hashable) -> None:
+        """The process at ``key``'s other end was replaced (it died or hung): forget the old
+        connection and what was queued for it. As the producer, the next put connects to the new
+        consumer; as the consumer, listen again: the gets already armed are served by the new producer."""
+        link = self._link(key)
+        with link.out_lock, link.in_lock:
+            consumer = link.in_sock is not None or link.listener is not None
+            for sock in (link.out_sock, link.in_sock):
+                if sock is not None:
+                    close_socket(sock)
+            link.out_sock, link.in_sock, link.send_error = None, None, None
+            link.outbox.clear()
+            link.written, link.unacknowledged = link.queued, 0
+            if consumer:
+                self._listen(link, key)
+        self._count(key, _SENT, 0)  # maps the counts: nothing is queued now
+        self._counts[self._index[key], _SENT] = self._counts[self._index[key], _TAKEN]
+
     def qsize(self, key: Optional[Hashable] = None) -> int:
         """Items written and not yet taken, for ``key`` or all keys, from any process of the node
         the channel was created on (the counts are a file there; direct keys of another node,
@@ -439,7 +413,7 @@ class DirectChannel:
 
 
 class _PutFuture(ChannelFuture):
-    def __init__(self, channel: DirectChannel, link: _Link, key, seq: int):
+    def __init__(self, channel: DirectChannel, link: Link, key, seq: int):
         self._channel, self._link, self._key, self._seq = channel, link, key, seq
 
     def _advance(self, deadline: Optional[float]) -> bool:
@@ -464,7 +438,7 @@ class _PutFuture(ChannelFuture):
 
 
 class _GetFuture(ChannelFuture):
-    def __init__(self, channel: DirectChannel, link: _Link, key, waiter: _GetWaiter):
+    def __init__(self, channel: DirectChannel, link: Link, key, waiter: GetWaiter):
         self._channel, self._link, self._key, self._waiter = channel, link, key, waiter
 
     def _advance(self, deadline: Optional[float]) -> bool:

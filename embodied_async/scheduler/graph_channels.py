@@ -108,6 +108,9 @@ class RoutedChannel:
     def listen(self, keys: Sequence[Hashable]) -> None:
         self.direct.listen([key for key in keys if key in self.direct_keys])
 
+    def reopen(self, key: Hashable) -> None:
+        self._route(key).reopen(key)
+
     def pop_traffic(self) -> Dict[str, float]:
         direct, relayed = self.direct.pop_traffic(), self.relayed.pop_traffic()
         return {k: direct[k] + relayed[k] for k in direct}

@@ -8,17 +8,29 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from embodied_async.private_files import private_ray_token, ray_temp_dir
 from embodied_async.signals import Preempted, preempted_during_ray_init, restore_after_ray_init
 
 
 class WorkerFailed(RuntimeError):
-    """A long-lived worker loop ended with an error (or ended when it should not have)."""
+    """A long-lived worker loop ended with an error (or ended when it should not have).
+    ``worker``: ``(component, rank)`` of the worker it names, where it names one."""
+
+    def __init__(self, message: str, worker: Optional[Tuple[str, int]] = None):
+        super().__init__(message)
+        self.worker = worker
+
+
+def worker_named(label: str) -> Optional[Tuple[str, int]]:
+    """``(component, rank)`` of a call's label (``env[1].run``)."""
+    found = re.match(r"(\w+)\[(\d+)\]", label)
+    return (found.group(1), int(found.group(2))) if found else None
 
 
 class WorkerDied(WorkerFailed):
@@ -156,24 +168,42 @@ class WorkerGroup:
                  num_nodes: int = 1, slots: Optional[List[tuple]] = None):
         self.name, self.backend, self.cls = name, backend, cls
         self.device_ids = topology.ids(name)
-        device_kind = topology.device_kind
+        device_kind = self.device_kind = topology.device_kind
+        self.kwargs_for = kwargs_for
         self.workers: List[Any] = []
         self._pools: List[concurrent.futures.ThreadPoolExecutor] = []
         self.nodes: List[Optional[str]] = [None] * len(self.device_ids)
         if backend == "ray":
             import ray
 
-            slots = slots if slots is not None else worker_slots(device_kind, self.device_ids, num_nodes)
-            self.nodes = [node for node, _ in slots]
-            remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
-            for rank, (node, local_id) in enumerate(slots):
-                kwargs = dict(kwargs_for(rank), device_id=local_id)
-                self.workers.append(remote_cls.options(**_actor_options(device_kind, node)).remote(**kwargs))
+            self.slots = slots if slots is not None else worker_slots(device_kind, self.device_ids, num_nodes)
+            self.nodes = [node for node, _ in self.slots]
+            self.remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
+            self.workers = [self._start_process(rank) for rank in range(len(self.slots))]
         else:
             for rank, device_id in enumerate(self.device_ids):
                 self._pools.append(concurrent.futures.ThreadPoolExecutor(max_workers=4,
                                                                          thread_name_prefix=f"{name}{rank}"))
                 self.workers.append(cls(**dict(kwargs_for(rank), device_id=device_id)))
+
+    def _start_process(self, rank: int, **extra_kwargs) -> Any:
+        node, local_id = self.slots[rank]
+        kwargs = dict(self.kwargs_for(rank), **extra_kwargs, device_id=local_id)
+        return self.remote_cls.options(**_actor_options(self.device_kind, node)).remote(**kwargs)
+
+    def replace(self, rank: int, **extra_kwargs) -> None:
+        """Kill worker ``rank``'s process (dead already, or hung) and start a new one in its place,
+        on the same slot, with its arguments and ``extra_kwargs``. Ray only: in one process no
+        worker dies on its own."""
+        if self.backend != "ray":
+            raise RuntimeError(f"{self.name}[{rank}]: only a worker process (cluster.backend=ray) can be replaced")
+        import ray
+
+        try:
+            ray.kill(self.workers[rank], no_restart=True)
+        except Exception:  # already gone
+            pass
+        self.workers[rank] = self._start_process(rank, **extra_kwargs)
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -219,8 +249,7 @@ def _result_naming_worker(pending: Pending) -> Any:
         return pending.result()
     except Exception as err:
         if type(err).__name__ in _DIED:
-            raise WorkerDied(f"{pending.label} failed: the {pending.label.split('[')[0]} process died "
-                             f"({str(err).splitlines()[0]})") from err
+            raise _process_died(pending.label, err) from err
         raise
 
 
@@ -253,7 +282,7 @@ def wait_answers(pending: List[Pending], watch: Sequence[Pending] = (), timeout:
     except TimeoutError:
         silent = [call.label for call in pending if not call.done()]
         raise WorkerHung(f"{silent[0]} hung: it did not answer for {timeout:.0f} s (runner.hang_timeout_s): a "
-                         "stopped or wedged process") from None
+                         "stopped or wedged process", worker_named(silent[0])) from None
 
 
 _DIED = ("RayActorError", "ActorDiedError", "ActorUnavailableError")
@@ -276,11 +305,17 @@ def _raise_for_ended_loop(watch: Sequence[Pending], pending: Sequence[Pending] =
         call.result()
     except Exception as err:  # the worker's own error, re-raised with its name
         if died:
-            raise WorkerDied(f"{call.label} failed: the {call.label.split('[')[0]} process died "
-                             f"({str(err).splitlines()[0]})") from err
+            raise _process_died(call.label, err) from err
         ended = getattr(getattr(err, "cause", err), "process_ended", False)
-        raise (WorkerDied if ended else WorkerFailed)(f"{call.label} failed: {_worker_error_text(err)}") from err
-    raise WorkerFailed(f"{call.label} stopped unexpectedly")
+        raise (WorkerDied if ended else WorkerFailed)(f"{call.label} failed: {_worker_error_text(err)}",
+                                                      worker_named(call.label)) from err
+    raise WorkerFailed(f"{call.label} stopped unexpectedly", worker_named(call.label))
+
+
+def _process_died(label: str, err: Exception) -> WorkerDied:
+    """The error of call ``label`` whose worker's process ended under it (Ray's ``err``)."""
+    return WorkerDied(f"{label} failed: the {label.split('[')[0]} process died ({str(err).splitlines()[0]})",
+                      worker_named(label))
 
 
 def _worker_error_text(err: Exception) -> str:

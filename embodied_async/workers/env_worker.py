@@ -105,9 +105,12 @@ class EnvWorker:
     channel and takes ``ActionMessage`` from the action channel.
     """
 
-    def __init__(self, cfg, topology, rank: int, device_id: int, channels):
+    def __init__(self, cfg, topology, rank: int, device_id: int, channels, incarnation: int = 0):
         self.cfg, self.rank = cfg, rank
-        seed = cfg.runner.seed * 100_003 + rank * 1009
+        # the runner's replacement of a dead or hung process (incarnation 1, 2, ...): fresh
+        # simulators that do not replay the episodes of the one it replaces
+        self.incarnation = incarnation
+        seed = cfg.runner.seed * 100_003 + rank * 1009 + incarnation * 7_919
         setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
         stages, per_stage = topology.stages, topology.envs_per_stage
         self.envs = [build_env(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
@@ -201,14 +204,19 @@ class EnvWorker:
         come after the rollout answered this one, so at most one put per stage is in flight."""
         if self._pending_puts[stage] is not None:
             wait_future(self._pending_puts[stage], self._stop)
+        out.incarnation = self.incarnation
         self._pending_puts[stage] = self.env_channel.put_async(out, key=(self.rank, stage))
 
     def _get_actions(self, stage: int):
+        """The next actions for this process; those answering the process it replaced (still
+        queued where the channel is a Ray actor) are left unexecuted."""
         while not self._stop.is_set():
             try:
-                return self.action_channel.get(key=(self.rank, stage), timeout=POLL_SECONDS)
+                message = self.action_channel.get(key=(self.rank, stage), timeout=POLL_SECONDS)
             except TimeoutError:
                 continue
+            if message.incarnation == self.incarnation:
+                return message
         return None
 
     def run(self) -> None:

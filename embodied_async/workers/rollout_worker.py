@@ -34,6 +34,15 @@ POLL_SECONDS = 0.5
 EVAL_COPY_MAX_BYTES = 2**30
 
 
+class _StreamLost(Exception):
+    """The env process of ``stream`` is gone (its channel end closed): the stream waits for the
+    runner to replace it."""
+
+    def __init__(self, stream: int):
+        super().__init__(stream)
+        self.stream = stream
+
+
 @dataclass
 class _StreamBuffer:
     steps: List[StepRecord] = field(default_factory=list)
@@ -81,6 +90,12 @@ class RolloutWorker:
         self._held_message: Optional[WeightMessage] = None
         self._pending_puts: List[Optional[object]] = [None] * len(self.stream_keys)  # actions in flight
         self._output_gets: List[Optional[object]] = [None] * len(self.stream_keys)  # armed gets of env outputs
+        # env workers the runner replaced (dead or hung): each env rank's process now, the streams
+        # whose process is gone until its replacement comes, the replacements to take in
+        self.env_incarnations = {env_rank: 0 for env_rank in self.env_ranks}
+        self._lost_streams: set = set()
+        self._replacements: Dict[int, tuple] = {}  # env rank -> (incarnation, taken: Event, what was dropped)
+        self._replacements_lock = threading.Lock()
         self.env_channel.listen(self.stream_keys)
         self.weight_channel.listen([rank])
 
@@ -141,6 +156,8 @@ class RolloutWorker:
             except TimeoutError:
                 if self._stop.is_set():
                     raise Stopped from None
+                if self._replacements:  # the loop takes it in: a replaced env may be what the update waits for
+                    return
                 continue
             self._weight_future = None
             if self._load(message):
@@ -177,7 +194,11 @@ class RolloutWorker:
 
     def _take_outputs(self, stream: int) -> EnvOutput:
         future, self._output_gets[stream] = self._output_gets[stream], None
-        return wait_future(future, self._stop, POLL_SECONDS)
+        try:
+            return wait_future(future, self._stop, POLL_SECONDS)
+        except ChannelClosed:  # its env process is gone: the get stays armed for the one replacing it
+            self._output_gets[stream] = future
+            raise _StreamLost(stream) from None
 
     def _close_pending(self, buf: _StreamBuffer, out: EnvOutput) -> None:
         step = buf.pending
@@ -215,10 +236,13 @@ class RolloutWorker:
                     f"{rows[:8]}: its weights have diverged. Lower actor.lr or actor.max_grad_norm, or resume "
                     "from an earlier checkpoint (runner.resume_dir=logs/<run>/checkpoints/global_step_<N>)")
 
-    def _receive(self, stream: int) -> EnvOutput:
-        """Take the stream's env outputs (arrived); close the pending step; ship a finished trajectory."""
+    def _receive(self, stream: int) -> Optional[EnvOutput]:
+        """Take the stream's env outputs (arrived); close the pending step; ship a finished
+        trajectory. None for outputs of a replaced env process."""
         buf = self.buffers[stream]
         out = self._take_outputs(stream)
+        if out.incarnation < self.env_incarnations[self.stream_keys[stream][0]]:
+            return None  # sent by a process that was replaced: its trajectory was dropped
         shards = []
         with self.timer.section("rollout"):
             if buf.pending is not None:
@@ -249,39 +273,85 @@ class RolloutWorker:
                 versions=torch.full((out.num_envs,), self.version, dtype=torch.int64))
             actions = buf.pending.actions.numpy()
         # sent without waiting: the env answers before it can need the next actions
+        message = ActionMessage(actions, incarnation=out.incarnation)
         with self.timer.section("wait"):
-            if self._pending_puts[stream] is not None:
-                wait_future(self._pending_puts[stream], self._stop, POLL_SECONDS)
-            self._pending_puts[stream] = self.action_channel.put_async(ActionMessage(actions),
-                                                                       key=self.stream_keys[stream])
+            try:
+                if self._pending_puts[stream] is not None:
+                    wait_future(self._pending_puts[stream], self._stop, POLL_SECONDS)
+                self._pending_puts[stream] = self.action_channel.put_async(message, key=self.stream_keys[stream])
+            except ChannelClosed:  # its env process is gone
+                raise _StreamLost(stream) from None
 
     def run(self) -> None:
         """Serve the streams whose observations arrive, in the order they arrive. A stream that may
         not start its next trajectory yet (throttle) is parked with its observation while the others
         go on; only when every stream is parked does the loop block for new weights (so synchronous
-        PPO with several streams cannot deadlock)."""
+        PPO with several streams cannot deadlock). A stream whose env process is gone waits, left
+        out, until the runner replaces that process (``replace_env``)."""
         parked: List[Optional[EnvOutput]] = [None] * len(self.buffers)
         try:
             while not self._stop.is_set():
-                stepping = [stream for stream, out in enumerate(parked) if out is None]
-                if stepping:
-                    with self.timer.section("wait"):
-                        arrived = self._wait_for_outputs(stepping)
-                    if arrived is not None:
-                        parked[arrived] = self._receive(arrived)
-                for stream, out in enumerate(parked):
-                    if out is None:
-                        continue
-                    with self._acting:
-                        self._poll_weights()
-                        if self._may_act(stream):
-                            self._act(stream, out)
-                            parked[stream] = None
-                if all(out is not None for out in parked):
+                self._take_replacements(parked)
+                live = [stream for stream in range(len(parked)) if stream not in self._lost_streams]
+                stepping = [stream for stream in live if parked[stream] is None]
+                try:
+                    if stepping:
+                        with self.timer.section("wait"):
+                            arrived = self._wait_for_outputs(stepping)
+                        if arrived is not None:
+                            parked[arrived] = self._receive(arrived)
+                    for stream in live:
+                        if parked[stream] is None:
+                            continue
+                        with self._acting:
+                            self._poll_weights()
+                            if self._may_act(stream):
+                                self._act(stream, parked[stream])
+                                parked[stream] = None
+                except _StreamLost as lost:
+                    if self._stop.is_set():
+                        return
+                    self._lost_streams.add(lost.stream)
+                    parked[lost.stream] = None
+                    continue
+                if all(parked[stream] is not None for stream in live):
                     with self.timer.section("wait"):
                         self._wait_for_weights()
         except (Stopped, ChannelClosed):
             return
+
+    # ---- env workers replaced ---------------------------------------------------------------
+    def replace_env(self, env_rank: int, incarnation: int, timeout_s: float = 120.0) -> Dict[str, float]:
+        """The runner replaced env worker ``env_rank`` (its process died or hung) by the process of
+        ``incarnation``, not started yet: the loop drops the trajectories that rank's streams had
+        under way and serves the new process from its first observations. What was dropped:
+        ``decisions`` (one per stream and step) and ``samples`` (one per sub-env and decision)."""
+        taken, dropped = threading.Event(), {}
+        with self._replacements_lock:
+            self._replacements[env_rank] = (incarnation, taken, dropped)
+        if not taken.wait(timeout_s):
+            raise TimeoutError(f"rollout worker {self.rank}: its loop did not take in env worker {env_rank}'s "
+                               f"replacement within {timeout_s:.0f} s")
+        return dropped
+
+    def _take_replacements(self, parked: List[Optional[EnvOutput]]) -> None:
+        with self._replacements_lock:
+            requests, self._replacements = self._replacements, {}
+        for env_rank, (incarnation, taken, dropped) in requests.items():
+            self.env_incarnations[env_rank] = incarnation
+            steps = []
+            for stream, key in enumerate(self.stream_keys):
+                if key[0] != env_rank:
+                    continue
+                buf = self.buffers[stream]
+                steps += buf.steps + ([buf.pending] if buf.pending is not None else [])
+                buf.steps, buf.pending, buf.started = [], None, buf.finished
+                parked[stream], self._pending_puts[stream] = None, None
+                self._lost_streams.discard(stream)
+                self.env_channel.reopen(key)
+                self.action_channel.reopen(key)
+            dropped.update(decisions=float(len(steps)), samples=float(sum(len(step.actions) for step in steps)))
+            taken.set()
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,7 +1,8 @@
-"""Failure drills. Healing (runner.restarts_per_hour): SIGKILL of each component mid-run, and an env
-worker stopped (SIGSTOP) or busy past runner.hang_timeout_s; the run restarts from its last
-checkpoint and finishes its updates, each restart a record in metrics.jsonl, no process left behind;
-a fault past the budget stops the run naming every fault. Fail-fast (runner.restarts_per_hour=0):
+"""Failure drills. Healing (runner.restarts_per_hour): an env worker SIGKILLed, stopped (SIGSTOP) or
+busy past runner.hang_timeout_s is replaced in place, the run losing only the trajectories it had
+under way; a rollout or actor worker SIGKILLed restarts the run from its last checkpoint. Either
+way the run finishes its updates, each fault a record in metrics.jsonl, no process left behind; a
+fault past the budget stops the run naming every fault. Fail-fast (runner.restarts_per_hour=0):
 the run ends within 60 s with a non-zero exit and a message naming the component, its last
 checkpoint whole (every file matching its manifest), and resumes from it."""
 
@@ -90,15 +91,45 @@ def test_sigkill_of_a_component_ends_the_run_and_keeps_the_checkpoint(tmp_path, 
 
 
 def healed_records(log_path) -> tuple:
-    """The restarts' records and the updates' records of a run's metrics.jsonl."""
+    """The healed faults' records (replacements and restarts) and the updates' records of a run's
+    metrics.jsonl."""
     with open(log_path / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
-    return [r for r in records if "heal/restarts" in r], [r for r in records if "train/actor/current_version" in r]
+    return [r for r in records if "heal/fault" in r], [r for r in records if "train/actor/current_version" in r]
+
+
+def assert_replaced_in_place(log_path, hung: bool, max_steps: int) -> dict:
+    """One env worker replaced, nothing restarted: every update logged once, in order; what was
+    dropped at most one trajectory of each of its streams (rollout.num_steps=8 decisions of 2
+    sub-envs: SMALL_CLI's 4 sub-envs over the two env workers, one stage). Its record."""
+    heals, trained = healed_records(log_path)
+    assert len(heals) == 1 and "heal/restarts" not in heals[0], heals
+    heal = heals[0]
+    assert re.fullmatch(r"env\[\d\]", heal["heal/replaced"]) and heal["heal/hung"] == float(hung)
+    assert 0 <= heal["heal/lost_decisions"] <= 8 and heal["heal/lost_samples"] == 2 * heal["heal/lost_decisions"]
+    assert [r["step"] for r in trained] == list(range(1, max_steps + 1))
+    assert 0 < heal["heal/gap_s"] < 60
+    return heal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("component", list(COMPONENTS))
-def test_a_killed_component_is_replaced_and_the_run_finishes_its_updates(tmp_path, component):
+def test_a_killed_env_worker_is_replaced_in_place_and_only_its_trajectories_are_lost(tmp_path):
+    log_path = tmp_path / "run"
+    proc, output, _ = sigkill_mid_run(
+        [*SMALL_CLI, "runner.max_steps=8", "runner.save_interval=2", f"runner.logger.log_path={log_path}"],
+        "step 3/", 300, lambda sid: component_pid(sid, "EnvWorker"))
+    assert proc.returncode == 0, output[-3000:]
+    assert re.search(r"healing: env\[\d\]\.run failed: the env process died.*replacing env\[\d\] by a new process",
+                     output), output[-3000:]
+    heal = assert_replaced_in_place(log_path, hung=False, max_steps=8)
+    print(f"[drill] killed env worker: replaced in {heal['heal/gap_s']:.1f} s, {heal['heal/lost_decisions']:.0f} "
+          "decisions dropped")
+    assert_no_process_left(proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", ["rollout", "actor"])
+def test_a_killed_component_restarts_the_run_which_finishes_its_updates(tmp_path, component):
     log_path = tmp_path / "run"
     proc, output, _ = sigkill_mid_run(
         [*SMALL_CLI, "runner.max_steps=8", "runner.save_interval=2", f"runner.logger.log_path={log_path}"],
@@ -108,7 +139,7 @@ def test_a_killed_component_is_replaced_and_the_run_finishes_its_updates(tmp_pat
     heals, trained = healed_records(log_path)
     assert len(heals) == 1, heals
     heal = heals[0]
-    assert heal["heal/restarts"] == 1 and heal["heal/hung"] == 0 and heal["heal/gap_s"] > 0
+    assert heal["heal/restarts"] == 1 and heal["heal/faults"] == 1 and heal["heal/hung"] == 0 and heal["heal/gap_s"] > 0
     # resumed from the last checkpoint before the fault (the run had saved at step 2 at least)
     assert heal["step"] >= 2 and heal["heal/resumed_from"].endswith(f"global_step_{heal['step']}")
     # after the restart's record: every step from the checkpoint's on, once
@@ -129,12 +160,11 @@ def test_a_stopped_env_worker_is_found_hung_within_the_timeout_and_replaced(tmp_
     assert proc.returncode == 0, output[-3000:]
     # its heartbeat, or the metrics the runner asks it for after each update, went unanswered
     assert re.search(r"healing: env\[\d+\]\.\w+ hung: it did not answer for 10 s", output), output[-3000:]
-    heals, trained = healed_records(log_path)
-    assert len(heals) == 1 and heals[0]["heal/hung"] == 1 and trained[-1]["step"] == 6
-    # found within the timeout and a check's period (5 s); the workers built again and the run finished
+    heal = assert_replaced_in_place(log_path, hung=True, max_steps=6)
+    # found within the timeout and a check's period (5 s); replaced, and the run finished
     print(f"[drill] stopped env worker: the run finished {ended_after:.1f} s after SIGSTOP, "
-          f"{heals[0]['heal/gap_s']:.1f} s from the fault found to the workers running again")
-    assert ended_after < 10 + 5 + 60
+          f"{heal['heal/gap_s']:.1f} s from the fault found to the new process running")
+    assert ended_after < 10 + 5 + 30
     assert_no_process_left(proc.pid)
 
 
@@ -152,5 +182,5 @@ def test_a_worker_that_hangs_again_past_the_budget_stops_the_run_naming_every_fa
     assert re.search(r"2 faults within an hour, past runner.restarts_per_hour=1: stopping. The faults: "
                      r"\(1\) env\[0\] hung: busy in its 'env' section for \d+ s, more than runner.hang_timeout_s=5; "
                      r"\(2\) env\[0\] hung", output), output[-3000:]
-    heals, _ = healed_records(log_path)
-    assert len(heals) == 1 and heals[0]["step"] == 0 and heals[0]["heal/resumed_from"] is None
+    heals, _ = healed_records(log_path)  # the first replaced in place, its successor as slow
+    assert len(heals) == 1 and heals[0]["step"] == 0 and heals[0]["heal/replaced"] == "env[0]"

@@ -154,6 +154,40 @@ def test_a_put_waits_until_its_consumer_listens(channel):
     thread.join(5)
 
 
+def test_reopen_takes_in_the_process_that_replaced_a_peer(channel):
+    """The runner replaced an env worker: each end the rollout holds forgets the old process. As
+    the consumer its get already armed is served by the new producer; as the producer its next put
+    reaches the new consumer. (A copy of the channel stands for another process.)"""
+    key = KEYS[0]
+    old_producer = pickle.loads(pickle.dumps(channel))
+    channel.listen([key])
+    old_producer.put("before", key=key)
+    assert channel.get(key=key, timeout=5) == "before"
+    armed = channel.get_async(key=key)
+    old_producer.close()  # its process ended
+    with pytest.raises(ChannelClosed, match="producer's end is gone"):
+        armed.result(timeout=5)
+    channel.reopen(key)
+    new_producer = pickle.loads(pickle.dumps(channel))
+    new_producer.put("after", key=key, timeout=5)
+    assert armed.result(timeout=5) == "after" and channel.qsize(key) == 0
+
+    key = KEYS[1]
+    old_consumer = pickle.loads(pickle.dumps(channel))
+    old_consumer.listen([key])
+    channel.put("one", key=key, timeout=5)
+    assert old_consumer.get(key=key, timeout=5) == "one"
+    old_consumer.close()
+    with pytest.raises(ChannelClosed, match="consumer"):
+        channel.put("lost", key=key, timeout=5)
+    channel.reopen(key)
+    new_consumer = pickle.loads(pickle.dumps(channel))
+    new_consumer.listen([key])
+    channel.put("two", key=key, timeout=5)
+    assert new_consumer.get(key=key, timeout=5) == "two"
+    new_producer.close(), new_consumer.close()
+
+
 def test_close_fails_waiting_and_later_operations():
     channel = DirectChannel.create("closing", KEYS, maxsize=1)
     errors = []
