@@ -1,7 +1,8 @@
-"""Soak test: run a recipe for N minutes and watch for leaks and pile-ups.
+"""Soak test: run a recipe for N minutes and watch for leaks and pile-ups, with faults injected.
 
     .venv/bin/python benchmarks/soak.py --minutes 20
     .venv/bin/python benchmarks/soak.py --minutes 5 --config maniskill_ppo_mlp runner.val_check_interval=20
+    .venv/bin/python benchmarks/soak.py --minutes 120 --fault-every 10 --faults env-kill,env-stop,rollout-kill
 
 Starts the training entry point in its own process session (runner.max_steps set out of reach),
 and every ``--interval`` seconds samples, for every process of that session (the driver, Ray's
@@ -10,14 +11,26 @@ processes and the channel queue sizes the runner logs each step (``channel/*_qsi
 metrics.jsonl). After ``--minutes`` it stops the run with Ctrl-C (SIGINT to the session) and prints
 each process's RSS growth from the end of the warm-up to the last sample, and the range of the
 queue sizes and actor counts after warm-up. Everything sampled is written to ``<log>/soak.json``.
-Exit status: 0 when the run lived to the end and stopped cleanly, 1 otherwise.
+
+``--fault-every M``: after the warm-up, a fault about every M minutes (drawn between 0.5 M and
+1.5 M, ``--seed``), of a kind drawn from ``--faults``: ``env-kill`` / ``rollout-kill`` (SIGKILL of
+one such worker process), ``env-stop`` (SIGSTOP: a hung worker, found after
+``runner.hang_timeout_s``), ``child-kill`` (SIGKILL of a family's simulator child, LIBERO's). The
+run heals them (``runner.restarts_per_hour`` is raised to fit, unless an override sets it); the
+summary lists the faults, the run's ``heal/*`` records, the success rate early and late after
+warm-up (learning still progressing), and what was left once the run stopped (processes of its
+session, its channels' socket folders).
+Exit status: 0 when the run lived to the end, healed every fault and stopped cleanly, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -115,6 +128,89 @@ def summarise(samples: List[Dict], warmup_s: float) -> Dict:
                                           max(s["ray_actor_processes"] for s in after)]}
 
 
+FAULTS = {  # kind -> (what the process is, the signal)
+    "env-kill": ("ray::EnvWorker", signal.SIGKILL), "env-stop": ("ray::EnvWorker", signal.SIGSTOP),
+    "rollout-kill": ("ray::RolloutWorker", signal.SIGKILL),
+    "child-kill": ("embodied_async.isolated.server", signal.SIGKILL),
+}
+
+
+HEAL_MARGIN_S = 150.0  # no fault this close to the end: it would not be found (runner.hang_timeout_s) and healed
+
+
+def inject_fault(sid: int, kind: str, rng: random.Random, start: float) -> Optional[Dict]:
+    """Signal one process of the run's session that ``kind`` names, drawn at random; None when
+    there is none now (e.g. while a restart builds its workers)."""
+    what, signum = FAULTS[kind]
+    targets = []
+    for proc in session_processes(sid):
+        try:
+            title = " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if (title.startswith(what) if what.startswith("ray::") else what in title) and \
+                proc.status() != psutil.STATUS_STOPPED:
+            targets.append(proc.pid)
+    if not targets:
+        return None
+    pid = rng.choice(sorted(targets))
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return None
+    fault = {"t_s": round(time.monotonic() - start, 1), "kind": kind, "pid": pid}
+    print(f"[soak] t={fault['t_s']:7.1f}s fault: {kind} of pid {pid}", flush=True)
+    return fault
+
+
+def read_records(metrics_path: str) -> List[Dict]:
+    records = []
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short by the stop
+                    continue
+    return records
+
+
+def healing_summary(records: List[Dict], faults: List[Dict]) -> Dict:
+    """The run's heal/* records against the faults injected, and its success rate in the first and
+    the last quarter of its updates (nothing else measures learning over a soak)."""
+    heals = [r for r in records if "heal/fault" in r]
+    updates = [r for r in records if r.get("env/success_rate") is not None and "heal/fault" not in r]
+    quarter = max(1, len(updates) // 4)
+
+    def mean_success(part):
+        return round(sum(r["env/success_rate"] for r in part) / len(part), 3) if part else None
+
+    return {"faults_injected": len(faults), "heal_records": len(heals),
+            "replaced_in_place": sum(1 for r in heals if "heal/replaced" in r),
+            "restarts": sum(1 for r in heals if "heal/restarts" in r),
+            "lost_decisions": sum(r.get("heal/lost_decisions", 0.0) for r in heals),
+            "lost_steps": sum(r.get("heal/lost_steps", 0.0) for r in heals),
+            "max_gap_s": round(max((r["heal/gap_s"] for r in heals), default=0.0), 1),
+            "success_first_quarter": mean_success(updates[:quarter]),
+            "success_last_quarter": mean_success(updates[-quarter:]),
+            "heals": [{k: v for k, v in r.items() if k.startswith("heal/") or k == "step"} for r in heals]}
+
+
+def left_behind(sid: int, channel_folders_before: set) -> Dict:
+    """Processes of the run's session and channel socket folders still there after it stopped."""
+    deadline = time.monotonic() + 30
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    processes = [process_label(p) for p in session_processes(sid)]
+    folders = sorted(set(channel_folders()) - channel_folders_before)
+    return {"processes": processes, "channel_folders": folders}
+
+
+def channel_folders() -> List[str]:
+    parent = os.environ.get("EMBODIED_ASYNC_CHANNEL_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    return glob.glob(os.path.join(parent, "embodied_async-*"))
+
+
 def print_sample(sample: Dict) -> None:
     queues = " ".join(f"{k}={v:.0f}" for k, v in sorted(sample["queues"].items()))
     print(f"[soak] t={sample['t_s']:7.1f}s step={sample['step']} rss={sample['total_rss_mb']:8.1f} MB "
@@ -133,7 +229,7 @@ def stop(proc: subprocess.Popen, timeout: float = 60.0) -> Optional[int]:
     return proc.returncode
 
 
-def main(argv=None) -> int:
+def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20.0, help="how long to run (default 20)")
@@ -142,36 +238,81 @@ def main(argv=None) -> int:
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples (default 30)")
     parser.add_argument("--config", default="maniskill_async_ppo_mlp", help="recipe in configs/")
     parser.add_argument("--log-path", default=None, help="run folder (default logs/soak-<time>)")
+    parser.add_argument("--fault-every", type=float, default=0.0,
+                        help="minutes between injected faults, on average (default 0: none)")
+    parser.add_argument("--faults", default="env-kill,env-stop",
+                        help=f"kinds of fault to draw from, comma-separated: {', '.join(FAULTS)}")
+    parser.add_argument("--seed", type=int, default=0, help="draws the faults' times and kinds")
     parser.add_argument("overrides", nargs="*", help="Hydra key=value overrides for the recipe")
     args = parser.parse_args(argv)
+    args.fault_kinds = [kind for kind in args.faults.split(",") if kind]
+    unknown = [kind for kind in args.fault_kinds if kind not in FAULTS]
+    if unknown:
+        parser.error(f"--faults: unknown kinds {unknown}; the kinds: {', '.join(FAULTS)}")
+    return args
 
+
+def soak(proc: subprocess.Popen, args, log_path: str) -> tuple:
+    """Sample (and inject faults) until ``--minutes`` are over or the run ends: (samples, faults,
+    whether it ended early)."""
+    metrics_path = os.path.join(log_path, "metrics.jsonl")
+    rng = random.Random(args.seed)
+    start, samples, faults = time.monotonic(), [], []
+    end, next_sample = start + args.minutes * 60, start
+    next_fault = start + args.warmup_minutes * 60 + rng.uniform(0.5, 1.5) * args.fault_every * 60 \
+        if args.fault_every else math.inf
+    while time.monotonic() < end and proc.poll() is None:
+        now = time.monotonic()
+        if now >= next_sample:
+            samples.append(take_sample(proc.pid, metrics_path, start))
+            print_sample(samples[-1])
+            next_sample = now + args.interval
+        if now >= next_fault and end - now > HEAL_MARGIN_S:
+            fault = inject_fault(proc.pid, rng.choice(args.fault_kinds), rng, start)
+            if fault is not None:
+                faults.append(fault)
+            # none to hit now (a restart building its workers): try again a little later
+            next_fault = now + (rng.uniform(0.5, 1.5) * args.fault_every * 60 if fault else 10.0)
+        time.sleep(max(0.0, min(next_sample, next_fault, end) - time.monotonic()))
+    died_early = proc.poll() is not None
+    samples.append(take_sample(proc.pid, metrics_path, start))
+    return samples, faults, died_early
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     log_path = os.path.abspath(args.log_path or os.path.join(REPO_ROOT, "logs", time.strftime("soak-%Y%m%d-%H%M%S")))
     os.makedirs(log_path, exist_ok=True)
+    overrides = list(args.overrides)
+    if args.fault_every and not any(o.startswith("runner.restarts_per_hour=") for o in overrides):
+        overrides.append(f"runner.restarts_per_hour={math.ceil(1.5 * 60 / args.fault_every) + 1}")
     command = [sys.executable, ENTRY, "--config-name", args.config, "runner.max_steps=100000000",
-               f"runner.logger.log_path={log_path}", *args.overrides]
+               f"runner.logger.log_path={log_path}", *overrides]
     print(f"[soak] {args.minutes:g} min of {args.config}; output and soak.json in {log_path}", flush=True)
+    folders_before = set(channel_folders())
     with open(os.path.join(log_path, "train.log"), "w") as train_log:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=train_log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        start, samples = time.monotonic(), []
         try:
-            while time.monotonic() - start < args.minutes * 60 and proc.poll() is None:
-                samples.append(take_sample(proc.pid, os.path.join(log_path, "metrics.jsonl"), start))
-                print_sample(samples[-1])
-                time.sleep(max(0.0, min(args.interval, args.minutes * 60 - (time.monotonic() - start))))
-            died_early = proc.poll() is not None
-            samples.append(take_sample(proc.pid, os.path.join(log_path, "metrics.jsonl"), start))
+            samples, faults, died_early = soak(proc, args, log_path)
         finally:
             returncode = stop(proc)
     summary = summarise(samples, args.warmup_minutes * 60)
-    summary.update(returncode=returncode, died_early=died_early, minutes=args.minutes, config=args.config)
+    healing = healing_summary(read_records(os.path.join(log_path, "metrics.jsonl")), faults)
+    leftover = left_behind(proc.pid, folders_before)
+    summary.update(returncode=returncode, died_early=died_early, minutes=args.minutes, config=args.config,
+                   overrides=overrides, faults=faults, healing=healing, left_behind=leftover)
     with open(os.path.join(log_path, "soak.json"), "w") as f:
         json.dump({"summary": summary, "samples": samples}, f, indent=1)
     print(json.dumps(summary, indent=1), flush=True)
     if died_early:
         print(f"[soak] the run ended before {args.minutes:g} min (exit {returncode}); see {log_path}/train.log",
               file=sys.stderr, flush=True)
-    return 1 if died_early or returncode not in (0, 130) else 0
+    unhealed = healing["heal_records"] < len(faults)
+    if unhealed:
+        print(f"[soak] {len(faults)} faults injected, {healing['heal_records']} healed", file=sys.stderr, flush=True)
+    dirty = bool(leftover["processes"] or leftover["channel_folders"])
+    return 1 if died_early or unhealed or dirty or returncode not in (0, 130) else 0
 
 
 if __name__ == "__main__":

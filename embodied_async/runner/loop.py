@@ -126,7 +126,8 @@ class Runner:
         wall_offset = self.state.get("wall_time_s", 0.0)
         paused_at_last = self.state.get("eval_paused_s", 0.0)
         if self.restart is not None:  # the gap: from the fault to the workers running again
-            logger.log({**self.restart, "heal/gap_s": time.time() - self.restart.pop("heal/fault_time")})
+            record = {key: value for key, value in self.restart.items() if key != "heal/fault_time"}
+            logger.log({**record, "heal/gap_s": time.time() - self.restart["heal/fault_time"]})
         while not self.mode.done(self.state["step"]):
             with deferred():  # a stop must not fall between submitting and recording the call
                 self.in_flight = self.mode.step(self.graph)
