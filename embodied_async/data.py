@@ -102,9 +102,9 @@ class EnvOutput:
     dropped from the loss and the sub-env was reset. ``env_steps``: the simulator steps each
     sub-env executed for this chunk (fewer than the chunk where its episode ended part-way: the
     rest was planned for the finished episode); None from a family that does not say, read as
-    the whole chunk (``executed_steps``). ``incarnation``: which process of its env rank sent it
-    (0, then one more each time the runner replaced a dead or hung one): what an older one sent
-    before it ended belongs to trajectories that were dropped.
+    the whole chunk (``executed_steps``). ``generation``: which start of its env rank's link to
+    its rollout worker it belongs to (0, then one more each time the runner replaced the env
+    process or the rollout process at either end): what was sent before is dropped.
     """
 
     obs: Observation
@@ -115,7 +115,7 @@ class EnvOutput:
     valid: np.ndarray  # bool [B]
     final_obs: Optional[Observation] = None
     env_steps: Optional[np.ndarray] = None  # int64 [B]
-    incarnation: int = 0
+    generation: int = 0
 
     def executed_steps(self, num_action_chunks: int) -> np.ndarray:
         """Simulator steps each sub-env executed for this output (int64 ``[B]``)."""
@@ -147,8 +147,8 @@ class EnvOutput:
                                                           for p in parts])
             elif f.name == "obs":
                 values[f.name] = concat_observations([p.obs for p in parts])
-            elif f.name == "incarnation":
-                values[f.name] = parts[0].incarnation
+            elif f.name == "generation":
+                values[f.name] = parts[0].generation
             elif f.name == "env_steps":
                 if all(p.env_steps is not None for p in parts):  # else: unknown, the whole chunk
                     values[f.name] = np.concatenate([p.env_steps for p in parts])
@@ -174,11 +174,11 @@ class PolicyOutput:
 
 @dataclass
 class ActionMessage:
-    """Rollout -> env: the chunk to execute next, for the env process of ``incarnation`` (an
-    answer to one that was replaced is left unexecuted by its successor)."""
+    """Rollout -> env: the chunk to execute next, answering the outputs of ``generation`` (an
+    answer sent before the link's last replacement is left unexecuted)."""
 
     actions: np.ndarray  # float32 [B, C, A]
-    incarnation: int = 0
+    generation: int = 0
 
 
 # Where a field's sub-env dimension is: every batched operation below is written once from it.
@@ -314,6 +314,9 @@ class WeightMessage:
     # the staleness bound the actor set for the trajectories started from now on
     # (algorithm.staleness_control=kl moves it); None: the configured one
     staleness_threshold: Optional[int] = None
+    # sent to a rollout worker that replaced a dead or hung one: per stream, the trajectories the
+    # actor has accounted for (acknowledged, held or still in the channel), where its counts begin
+    shipped: Optional[Dict[int, int]] = None
 
     @property
     def state_dict(self) -> Dict[str, Any]:

@@ -175,3 +175,28 @@ def test_a_worker_busy_past_the_timeout_or_silent_is_hung_and_a_waiting_one_is_n
     with pytest.raises(WorkerHung, match=r"rollout\[0\].heartbeat hung: it did not answer for 1 s"):
         check_hangs(graph, timeout=1)
     assert time.monotonic() - started < 3
+
+
+def test_only_env_and_rollout_workers_of_a_healing_run_are_replaced_in_place():
+    """What replacement.replace_in_place leaves to a restart from the checkpoint (False, nothing
+    counted): the actor, a rollout worker while several actor ranks hold parts of its trajectories,
+    a run in one process, a run that does not heal."""
+    from embodied_async.runner.replacement import replace_in_place
+
+    def runner(backend="ray", actor_ranks=1, faults=True):
+        cfg = SimpleNamespace(cluster=SimpleNamespace(backend=backend), runner=SimpleNamespace(restarts_per_hour=3))
+        graph = SimpleNamespace(env=object(), rollout=object())
+        return SimpleNamespace(cfg=cfg, graph=graph, faults=Faults(3) if faults else None,
+                               topology=SimpleNamespace(actor_world_size=actor_ranks))
+
+    for made, fault in [(runner(), WorkerDied("actor[0] died", ("actor", 0))),
+                        (runner(actor_ranks=2), WorkerDied("rollout[0] died", ("rollout", 0))),
+                        (runner(backend="local"), WorkerHung("env[0] hung", ("env", 0))),
+                        (runner(faults=False), WorkerDied("env[0] died", ("env", 0))),
+                        (runner(), WorkerDied("a fault naming no worker"))]:
+        assert replace_in_place(made, fault) is False
+        assert made.faults is None or made.faults.seen == []
+    past = runner()
+    past.faults = Faults(0)
+    with pytest.raises(FaultsPastBudget):  # counted first: past the budget nothing is replaced
+        replace_in_place(past, WorkerDied("env[1] died", ("env", 1)))

@@ -22,6 +22,7 @@ from embodied_async.metrics import MetricLogger, print_progress
 from embodied_async.private_files import make_log_folder
 from embodied_async.runner.graph import Graph
 from embodied_async.runner.modes import MODES
+from embodied_async.runner.replacement import replace_in_place
 from embodied_async.scheduler.worker_group import (
     Pending,
     WorkerDied,
@@ -46,9 +47,9 @@ class Runner:
         self.cfg = cfg
         self.restart = restart  # a healed fault's record (runner/healing.py), logged once the workers run again
         # healing (runner.restarts_per_hour > 0): the run's faults so far (faults.Faults), and each
-        # env rank's process since the start of this attempt (0, then one more per replacement)
+        # env rank's link generation in this attempt (one more per replacement at either end)
         self.faults = faults
-        self.env_incarnations: Dict[int, int] = {}
+        self.link_generations: Dict[int, int] = {}
         self.metric_logger: Optional[MetricLogger] = None  # while the run trains: where a replacement is logged
         self.topology = topology if topology is not None else resolve_topology(cfg)
         self.mode = MODES[cfg.runner.mode](cfg, self.topology)
@@ -164,49 +165,14 @@ class Runner:
                 check_hangs(self.graph, timeout)
 
     def _healing(self, wait: Callable[[], Any]) -> Any:
-        """``wait()``, again after each dead or hung env worker it meets was replaced in place."""
+        """``wait()``, again after each dead or hung worker it meets was replaced in place
+        (``replacement.replace_in_place``: an env or rollout worker)."""
         while True:
             try:
                 return wait()
             except (WorkerDied, WorkerHung) as fault:
-                if not self._replace_env_worker(fault):
+                if not replace_in_place(self, fault):
                     raise
-
-    def _replace_env_worker(self, fault: WorkerFailed) -> bool:
-        """Heal a dead or hung env worker (or one whose simulator process ended) in place: a new
-        process with fresh simulators on its slot, the trajectories its streams had under way
-        dropped by the rollout worker serving it, every other worker untouched. False for a fault
-        this does not heal: ``healing.run_healing`` then restarts the whole run from its checkpoint
-        (a rollout or actor fault, a run in one process, healing off)."""
-        component, rank = fault.worker or ("", -1)
-        graph = self.graph
-        if self.faults is None or component != "env" or self.cfg.cluster.backend != "ray" or graph.rollout is None:
-            return False
-        self.faults.admit(fault)  # past the budget: FaultsPastBudget, the run stops
-        found_at = time.time()
-        incarnation = self.env_incarnations[rank] = self.env_incarnations.get(rank, 0) + 1
-        self.log(f"healing: {fault}; replacing env[{rank}] by a new process with fresh simulators (fault "
-                 f"{len(self.faults.seen)}, at most runner.restarts_per_hour={self.cfg.runner.restarts_per_hour}); "
-                 "the other workers go on")
-        others = [loop for loop in self.loops if loop.label != f"env[{rank}].run"]
-        try:
-            graph.env.replace(rank, incarnation=incarnation)
-            wait_all([graph.env.call_rank(rank, "spec")], watch=others, timeout=600)  # built
-            serving = rank // self.topology.env_workers_per_rollout
-            dropped = wait_all([graph.rollout.call_rank(serving, "replace_env", rank, incarnation)], watch=others,
-                               timeout=300)[0]
-        except (TimeoutError, WorkerFailed) as err:
-            raise WorkerFailed(f"env[{rank}] could not be replaced after '{fault}': {err}", fault.worker) from err
-        self.loops = [*others, graph.env.call_rank(rank, "run")]
-        gap_s = time.time() - found_at
-        self.log(f"healing: env[{rank}] replaced in {gap_s:.1f} s; dropped {dropped['decisions']:.0f} decisions "
-                 f"({dropped['samples']:.0f} samples) of the trajectories it had under way")
-        self.metric_logger.log({  # at once: a run that fails later still shows it
-            "step": self.state["step"], "heal/replaced": f"env[{rank}]", "heal/fault": str(fault),
-            "heal/hung": float(isinstance(fault, WorkerHung)), "heal/faults": float(len(self.faults.seen)),
-            "heal/lost_decisions": dropped["decisions"],
-            "heal/lost_samples": dropped["samples"], "heal/gap_s": gap_s})
-        return True
 
     def _after_step(self, record: Dict) -> bool:
         """Evaluate, stop and save as the step that made ``record`` calls for; True to stop."""

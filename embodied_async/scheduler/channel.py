@@ -236,7 +236,7 @@ class LocalChannel:
     def reopen(self, key: Hashable) -> None:
         """The process at ``key``'s other end was replaced (``DirectChannel`` then connects anew;
         here the queue is the same for both, and what the old one left in it the messages'
-        ``incarnation`` tells apart)."""
+        ``generation`` tells apart)."""
 
 
 class _ChannelActor:
@@ -426,7 +426,7 @@ class RayChannel:
     def reopen(self, key: Hashable) -> None:
         """The process at ``key``'s other end was replaced (``DirectChannel`` then connects anew;
         here the queue is the same for both, and what the old one left in it the messages'
-        ``incarnation`` tells apart)."""
+        ``generation`` tells apart)."""
 
     def pop_traffic(self) -> Dict[str, float]:
         """Messages (each call and its reply) and payload bytes this process's copy moved since

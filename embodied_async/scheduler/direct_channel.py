@@ -333,8 +333,12 @@ class DirectChannel:
             self._listen(link, key)
             waiter = GetWaiter()
             link.waiters.append(waiter)
-            if not self._serve(link, key, waiter, deadline):
-                link.waiters.remove(waiter)
+            try:
+                served = self._serve(link, key, waiter, deadline)
+            finally:  # a get that ends unserved (timed out, or its producer gone) leaves no waiter behind
+                if not waiter.done:
+                    link.waiters.remove(waiter)
+            if not served:
                 raise TimeoutError(f"channel {self.name!r} key {key!r}: get timed out after {timeout} s")
             return waiter.result()
 

@@ -14,7 +14,7 @@ from embodied_async.algorithms import compute_gae, explained_variance, group_rel
 from embodied_async.algorithms.ppo import PPOBatch, UpdateSettings, ppo_update
 from embodied_async.algorithms.rollout_store import RolloutStore
 from embodied_async.algorithms.version_gate import StalenessController, VersionGate, mean_staleness
-from embodied_async.data import Trajectory
+from embodied_async.data import Trajectory, WeightMessage
 from embodied_async.normalization import merge_observation_moments
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.scheduler.futures import first_done
@@ -87,6 +87,22 @@ class ActorWorker(TrainerCore):
         for old in [v for v in self.bound_of_version if v < self.version - self.store.gate.highest]:
             del self.bound_of_version[old]  # older data is too stale under any bound
         return self.publish(acknowledged, bound)
+
+    def resend_weights(self, rollout_rank: int) -> int:
+        """Rank 0: the weights last published, again, to rollout worker ``rollout_rank``, which the
+        runner just replaced (its predecessor took them with it), with how many trajectories of
+        each of its streams the actor has accounted for: where the new process's counts begin.
+        Read most advanced first (acknowledged, held, still in the channel): a trajectory moving on
+        meanwhile is missed, never counted twice, so the throttle can only be looser, and what
+        is too stale the store drops."""
+        version, shared, bound = self.last_published
+        streams = [stream for stream in self.store.streams if stream[0] == rollout_rank]
+        acknowledged = {stream[1]: self.store.acknowledged[stream] for stream in streams}
+        held = {stream[1]: len(self.store.queues[stream]) for stream in streams}
+        shipped = {index: acknowledged[index] + held[index] + self.actor_channel.qsize((rollout_rank, index, 0))
+                   for index in acknowledged}
+        self.weight_channel.put(WeightMessage(version, shared, acknowledged, bound, shipped), key=rollout_rank)
+        return version
 
     def checkpoint_counters(self) -> Dict[str, Any]:
         return self.staleness_control.state() if self.staleness_control is not None else {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -105,12 +105,14 @@ class EnvWorker:
     channel and takes ``ActionMessage`` from the action channel.
     """
 
-    def __init__(self, cfg, topology, rank: int, device_id: int, channels, incarnation: int = 0):
+    def __init__(self, cfg, topology, rank: int, device_id: int, channels, generation: int = 0):
         self.cfg, self.rank = cfg, rank
-        # the runner's replacement of a dead or hung process (incarnation 1, 2, ...): fresh
-        # simulators that do not replay the episodes of the one it replaces
-        self.incarnation = incarnation
-        seed = cfg.runner.seed * 100_003 + rank * 1009 + incarnation * 7_919
+        # the link to its rollout worker starts again each time the runner replaces the process
+        # at either end (``data.EnvOutput.generation``); a new process's simulators are seeded anew,
+        # so they do not replay the episodes of the one it replaces
+        self.generation = generation
+        self._rollout_replacement: Optional[tuple] = None  # (generation, taken: Event, what was dropped)
+        seed = cfg.runner.seed * 100_003 + rank * 1009 + generation * 7_919
         setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
         stages, per_stage = topology.stages, topology.envs_per_stage
         self.envs = [build_env(cfg.env, per_stage, seed + 101 * s) for s in range(stages)]
@@ -204,46 +206,100 @@ class EnvWorker:
         come after the rollout answered this one, so at most one put per stage is in flight."""
         if self._pending_puts[stage] is not None:
             wait_future(self._pending_puts[stage], self._stop)
-        out.incarnation = self.incarnation
+        out.generation = self.generation
         self._pending_puts[stage] = self.env_channel.put_async(out, key=(self.rank, stage))
 
     def _get_actions(self, stage: int):
-        """The next actions for this process; those answering the process it replaced (still
-        queued where the channel is a Ray actor) are left unexecuted."""
+        """The next actions of this link's generation (those answering outputs sent before the
+        last replacement, still queued where the channel is a Ray actor, are left unexecuted). A
+        replacement of the rollout worker taken in meanwhile restarts every stage first."""
         while not self._stop.is_set():
+            self._take_rollout_replacement()
             try:
                 message = self.action_channel.get(key=(self.rank, stage), timeout=POLL_SECONDS)
             except TimeoutError:
                 continue
-            if message.incarnation == self.incarnation:
+            if message.generation == self.generation:
                 return message
         return None
 
+    def replace_rollout(self, generation: int, timeout_s: float = 120.0) -> Dict[str, float]:
+        """The runner replaced the rollout worker this env worker serves (its process died or
+        hung): the loop starts every stage's episodes anew and sends their first observations to
+        the new process, as ``generation``. What was dropped: the decisions of the trajectories
+        under way (``decisions``, per stage) and ``samples`` (decisions x sub-envs)."""
+        taken, dropped = threading.Event(), {}
+        with self._lock:
+            self._rollout_replacement = (generation, taken, dropped)
+        if not taken.wait(timeout_s):
+            raise TimeoutError(f"env worker {self.rank}: its loop did not take in the rollout worker's replacement "
+                               f"within {timeout_s:.0f} s")
+        return dropped
+
+    def _take_rollout_replacement(self) -> bool:
+        with self._lock:
+            request, self._rollout_replacement = self._rollout_replacement, None
+        if request is None:
+            return False
+        self.generation, taken, dropped = request
+        num_steps, decisions = self.cfg.rollout.num_steps, 0
+        for stage in range(len(self.envs)):
+            decisions += self._decisions[stage] % num_steps
+            # the next trajectory begins now (under grpo from its own group seeds)
+            self._decisions[stage] = -(-self._decisions[stage] // num_steps) * num_steps
+            for channel in (self.env_channel, self.action_channel):
+                channel.reopen((self.rank, stage))
+            self._pending_puts[stage] = None
+            with self._lock:
+                self.stats[stage].restart()
+            self._put(stage, self._reset(stage))
+        dropped.update(decisions=float(decisions), samples=float(decisions * self.envs[0].num_envs))
+        taken.set()
+        return True
+
+    def _wait_for_rollout(self) -> None:
+        """The rollout worker's end of a channel closed (its process ended): wait until the runner
+        replaced it, or the run stops."""
+        while not self._stop.is_set():
+            if self._take_rollout_replacement():
+                return
+            self._stop.wait(POLL_SECONDS)
+        raise Stopped
+
     def run(self) -> None:
-        """The long-lived loop; returns when stopped or when a channel closes."""
+        """The long-lived loop; returns when stopped (or a channel closes as the run ends)."""
         try:
             for stage in range(len(self.envs)):
                 self._put(stage, self._reset(stage))
             while not self._stop.is_set():
-                for stage, env in enumerate(self.envs):
-                    with self.timer.section("wait"):
-                        message: ActionMessage = self._get_actions(stage)
-                    if message is None:
+                try:
+                    if not self._step_stages():
                         return
-                    with self.timer.section("env"):
-                        out = self._sanitize(stage, env.step(message.actions))
-                        if self.step_delay_s:
-                            self._stop.wait(self.step_delay_s)  # a sleep that stopping cuts short
-                    executed = out.executed_steps(self.cfg.env.num_action_chunks)
-                    with self._lock:
-                        self.stats[stage].record(out, executed)
-                        self._env_steps += int(executed.sum())
-                    with self.timer.section("env"):
-                        out = self._begin_groups(stage, out)
-                    with self.timer.section("wait"):
-                        self._put(stage, out)
+                except ChannelClosed:
+                    self._wait_for_rollout()
         except (ChannelClosed, Stopped):
             return
+
+    def _step_stages(self) -> bool:
+        """One decision of every stage, in order; False when stopped."""
+        for stage, env in enumerate(self.envs):
+            with self.timer.section("wait"):
+                message: ActionMessage = self._get_actions(stage)
+            if message is None:
+                return False
+            with self.timer.section("env"):
+                out = self._sanitize(stage, env.step(message.actions))
+                if self.step_delay_s:
+                    self._stop.wait(self.step_delay_s)  # a sleep that stopping cuts short
+            executed = out.executed_steps(self.cfg.env.num_action_chunks)
+            with self._lock:
+                self.stats[stage].record(out, executed)
+                self._env_steps += int(executed.sum())
+            with self.timer.section("env"):
+                out = self._begin_groups(stage, out)
+            with self.timer.section("wait"):
+                self._put(stage, out)
+        return True
 
     def stop(self) -> None:
         self._stop.set()

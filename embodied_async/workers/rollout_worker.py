@@ -61,7 +61,8 @@ class RolloutWorker:
     batch and trajectories), acted for as soon as its observations arrive: an env process that
     finished its step never waits for another's."""
 
-    def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels):
+    def __init__(self, cfg, topology, rank: int, device_id: int, env_spec, channels,
+                 link_generations: Optional[Dict[int, int]] = None):
         self.cfg, self.rank, self.env_ranks = cfg, rank, topology.env_ranks(rank)
         seed = cfg.runner.seed * 100_003 + 50_000 + rank
         self.device = setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
@@ -92,9 +93,11 @@ class RolloutWorker:
         self._output_gets: List[Optional[object]] = [None] * len(self.stream_keys)  # armed gets of env outputs
         # env workers the runner replaced (dead or hung): each env rank's process now, the streams
         # whose process is gone until its replacement comes, the replacements to take in
-        self.env_incarnations = {env_rank: 0 for env_rank in self.env_ranks}
+        # (``link_generations``: this process replaced a dead or hung one, each link's generation)
+        self.link_generations = {env_rank: (link_generations or {}).get(env_rank, 0) for env_rank in self.env_ranks}
+        self._counts_pending = link_generations is not None  # no trajectory before the actor says where to begin
         self._lost_streams: set = set()
-        self._replacements: Dict[int, tuple] = {}  # env rank -> (incarnation, taken: Event, what was dropped)
+        self._replacements: Dict[int, tuple] = {}  # env rank -> (generation, taken: Event, what was dropped)
         self._replacements_lock = threading.Lock()
         self.env_channel.listen(self.stream_keys)
         self.weight_channel.listen([rank])
@@ -114,6 +117,10 @@ class RolloutWorker:
                 self.gate = self.gate.with_threshold(message.staleness_threshold)
             for stream, count in message.acknowledged.items():
                 self.buffers[int(stream)].acknowledged = int(count)
+            if message.shipped is not None and self._counts_pending:  # go on from the counts of the one replaced
+                for stream, count in message.shipped.items():
+                    self.buffers[int(stream)].started = self.buffers[int(stream)].finished = int(count)
+                self._counts_pending = False
         return True
 
     def _check_loaded(self, result) -> None:
@@ -175,7 +182,7 @@ class RolloutWorker:
         algorithm.batch_from=first_arrived they drift: an update takes whichever arrive first, so a
         stream held for a slow one would hold the updates up again."""
         buf = self.buffers[stream]
-        if self.version < 0:  # the actor publishes version 0 at start-up
+        if self.version < 0 or self._counts_pending:  # the actor publishes version 0 at start-up
             return False
         if not buf.idle():
             return True
@@ -241,7 +248,7 @@ class RolloutWorker:
         trajectory. None for outputs of a replaced env process."""
         buf = self.buffers[stream]
         out = self._take_outputs(stream)
-        if out.incarnation < self.env_incarnations[self.stream_keys[stream][0]]:
+        if out.generation < self.link_generations[self.stream_keys[stream][0]]:
             return None  # sent by a process that was replaced: its trajectory was dropped
         shards = []
         with self.timer.section("rollout"):
@@ -273,7 +280,7 @@ class RolloutWorker:
                 versions=torch.full((out.num_envs,), self.version, dtype=torch.int64))
             actions = buf.pending.actions.numpy()
         # sent without waiting: the env answers before it can need the next actions
-        message = ActionMessage(actions, incarnation=out.incarnation)
+        message = ActionMessage(actions, generation=out.generation)
         with self.timer.section("wait"):
             try:
                 if self._pending_puts[stream] is not None:
@@ -321,14 +328,14 @@ class RolloutWorker:
             return
 
     # ---- env workers replaced ---------------------------------------------------------------
-    def replace_env(self, env_rank: int, incarnation: int, timeout_s: float = 120.0) -> Dict[str, float]:
+    def replace_env(self, env_rank: int, generation: int, timeout_s: float = 120.0) -> Dict[str, float]:
         """The runner replaced env worker ``env_rank`` (its process died or hung) by the process of
-        ``incarnation``, not started yet: the loop drops the trajectories that rank's streams had
+        ``generation``, not started yet: the loop drops the trajectories that rank's streams had
         under way and serves the new process from its first observations. What was dropped:
         ``decisions`` (one per stream and step) and ``samples`` (one per sub-env and decision)."""
         taken, dropped = threading.Event(), {}
         with self._replacements_lock:
-            self._replacements[env_rank] = (incarnation, taken, dropped)
+            self._replacements[env_rank] = (generation, taken, dropped)
         if not taken.wait(timeout_s):
             raise TimeoutError(f"rollout worker {self.rank}: its loop did not take in env worker {env_rank}'s "
                                f"replacement within {timeout_s:.0f} s")
@@ -337,8 +344,8 @@ class RolloutWorker:
     def _take_replacements(self, parked: List[Optional[EnvOutput]]) -> None:
         with self._replacements_lock:
             requests, self._replacements = self._replacements, {}
-        for env_rank, (incarnation, taken, dropped) in requests.items():
-            self.env_incarnations[env_rank] = incarnation
+        for env_rank, (generation, taken, dropped) in requests.items():
+            self.link_generations[env_rank] = generation
             steps = []
             for stream, key in enumerate(self.stream_keys):
                 if key[0] != env_rank:

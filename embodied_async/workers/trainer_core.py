@@ -100,6 +100,7 @@ class TrainerCore:
         self.weight_channel = channels.weights
         self.num_rollout_ranks = topology.num_rollout_workers
         self.version = 0
+        self.last_published = None  # rank 0: (version, stored weights, bound) of the last publish
         self.optimizer_steps = 0
         self.published_bytes = 0
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
@@ -199,6 +200,7 @@ class TrainerCore:
         self.published_bytes = tensor_bytes(published)  # every rank: the metric is averaged over ranks
         if self.rank == 0:
             shared = self.weight_channel.share(published)
+            self.last_published = (self.version, shared, staleness_threshold)  # for a replaced rollout worker
             for rollout_rank in range(self.num_rollout_ranks):
                 message = WeightMessage(self.version, shared, acknowledged.get(rollout_rank, {}), staleness_threshold)
                 self.weight_channel.put(message, key=rollout_rank)

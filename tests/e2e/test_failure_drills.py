@@ -1,6 +1,7 @@
-"""Failure drills. Healing (runner.restarts_per_hour): an env worker SIGKILLed, stopped (SIGSTOP) or
-busy past runner.hang_timeout_s is replaced in place, the run losing only the trajectories it had
-under way; a rollout or actor worker SIGKILLed restarts the run from its last checkpoint. Either
+"""Failure drills. Healing (runner.restarts_per_hour): an env or rollout worker SIGKILLed, stopped
+(SIGSTOP) or busy past runner.hang_timeout_s is replaced in place, the run losing only the
+trajectories under way on its links; an actor worker SIGKILLed restarts the run from its last
+checkpoint. Either
 way the run finishes its updates, each fault a record in metrics.jsonl, no process left behind; a
 fault past the budget stops the run naming every fault. Fail-fast (runner.restarts_per_hour=0):
 the run ends within 60 s with a non-zero exit and a message naming the component, its last
@@ -98,37 +99,41 @@ def healed_records(log_path) -> tuple:
     return [r for r in records if "heal/fault" in r], [r for r in records if "train/actor/current_version" in r]
 
 
-def assert_replaced_in_place(log_path, hung: bool, max_steps: int) -> dict:
-    """One env worker replaced, nothing restarted: every update logged once, in order; what was
-    dropped at most one trajectory of each of its streams (rollout.num_steps=8 decisions of 2
-    sub-envs: SMALL_CLI's 4 sub-envs over the two env workers, one stage). Its record."""
+def assert_replaced_in_place(log_path, component: str, hung: bool, max_steps: int) -> dict:
+    """One worker of ``component`` replaced, nothing restarted: every update logged once, in order;
+    what was dropped at most one trajectory of each stream on its links (rollout.num_steps=8
+    decisions of 2 sub-envs: SMALL_CLI's 4 sub-envs over the two env workers, one stage each, one
+    rollout worker serving both). Its record."""
     heals, trained = healed_records(log_path)
     assert len(heals) == 1 and "heal/restarts" not in heals[0], heals
     heal = heals[0]
-    assert re.fullmatch(r"env\[\d\]", heal["heal/replaced"]) and heal["heal/hung"] == float(hung)
-    assert 0 <= heal["heal/lost_decisions"] <= 8 and heal["heal/lost_samples"] == 2 * heal["heal/lost_decisions"]
+    assert re.fullmatch(rf"{component}\[\d\]", heal["heal/replaced"]) and heal["heal/hung"] == float(hung)
+    streams = 1 if component == "env" else 2
+    assert 0 <= heal["heal/lost_decisions"] <= 8 * streams
+    assert heal["heal/lost_samples"] == 2 * heal["heal/lost_decisions"]
     assert [r["step"] for r in trained] == list(range(1, max_steps + 1))
     assert 0 < heal["heal/gap_s"] < 60
     return heal
 
 
 @pytest.mark.slow
-def test_a_killed_env_worker_is_replaced_in_place_and_only_its_trajectories_are_lost(tmp_path):
+@pytest.mark.parametrize("component", ["env", "rollout"])
+def test_a_killed_env_or_rollout_worker_is_replaced_in_place_losing_only_what_was_under_way(tmp_path, component):
     log_path = tmp_path / "run"
     proc, output, _ = sigkill_mid_run(
         [*SMALL_CLI, "runner.max_steps=8", "runner.save_interval=2", f"runner.logger.log_path={log_path}"],
-        "step 3/", 300, lambda sid: component_pid(sid, "EnvWorker"))
+        "step 3/", 300, lambda sid: component_pid(sid, COMPONENTS[component]))
     assert proc.returncode == 0, output[-3000:]
-    assert re.search(r"healing: env\[\d\]\.run failed: the env process died.*replacing env\[\d\] by a new process",
-                     output), output[-3000:]
-    heal = assert_replaced_in_place(log_path, hung=False, max_steps=8)
-    print(f"[drill] killed env worker: replaced in {heal['heal/gap_s']:.1f} s, {heal['heal/lost_decisions']:.0f} "
-          "decisions dropped")
+    assert re.search(rf"healing: {component}\[\d\]\.run failed: the {component} process died.*replacing "
+                     rf"{component}\[\d\] by a new process", output), output[-3000:]
+    heal = assert_replaced_in_place(log_path, component, hung=False, max_steps=8)
+    print(f"[drill] killed {component} worker: replaced in {heal['heal/gap_s']:.1f} s, "
+          f"{heal['heal/lost_decisions']:.0f} decisions dropped")
     assert_no_process_left(proc.pid)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("component", ["rollout", "actor"])
+@pytest.mark.parametrize("component", ["actor"])
 def test_a_killed_component_restarts_the_run_which_finishes_its_updates(tmp_path, component):
     log_path = tmp_path / "run"
     proc, output, _ = sigkill_mid_run(
@@ -151,18 +156,21 @@ def test_a_killed_component_restarts_the_run_which_finishes_its_updates(tmp_path
 
 
 @pytest.mark.slow
-def test_a_stopped_env_worker_is_found_hung_within_the_timeout_and_replaced(tmp_path):
-    """SIGSTOP: a process that no longer answers (a wedged simulator holding its interpreter)."""
+@pytest.mark.parametrize("component", ["env", "rollout"])
+def test_a_stopped_worker_is_found_hung_within_the_timeout_and_replaced(tmp_path, component):
+    """SIGSTOP: a process that no longer answers (a wedged simulator or renderer holding its
+    interpreter)."""
     log_path = tmp_path / "run"
     proc, output, ended_after = sigkill_mid_run(
         [*SMALL_CLI, "runner.max_steps=6", "runner.save_interval=2", f"runner.logger.log_path={log_path}",
-         "runner.hang_timeout_s=10"], "step 3/", 300, lambda sid: component_pid(sid, "EnvWorker"), signal.SIGSTOP)
+         "runner.hang_timeout_s=10"], "step 3/", 300, lambda sid: component_pid(sid, COMPONENTS[component]),
+        signal.SIGSTOP)
     assert proc.returncode == 0, output[-3000:]
     # its heartbeat, or the metrics the runner asks it for after each update, went unanswered
-    assert re.search(r"healing: env\[\d+\]\.\w+ hung: it did not answer for 10 s", output), output[-3000:]
-    heal = assert_replaced_in_place(log_path, hung=True, max_steps=6)
+    assert re.search(rf"healing: {component}\[\d+\]\.\w+ hung: it did not answer for 10 s", output), output[-3000:]
+    heal = assert_replaced_in_place(log_path, component, hung=True, max_steps=6)
     # found within the timeout and a check's period (5 s); replaced, and the run finished
-    print(f"[drill] stopped env worker: the run finished {ended_after:.1f} s after SIGSTOP, "
+    print(f"[drill] stopped {component} worker: the run finished {ended_after:.1f} s after SIGSTOP, "
           f"{heal['heal/gap_s']:.1f} s from the fault found to the new process running")
     assert ended_after < 10 + 5 + 30
     assert_no_process_left(proc.pid)

@@ -172,6 +172,22 @@ def test_reopen_takes_in_the_process_that_replaced_a_peer(channel):
     new_producer.put("after", key=key, timeout=5)
     assert armed.result(timeout=5) == "after" and channel.qsize(key) == 0
 
+    # a blocking get that met the producer's end gone leaves nothing armed behind it
+    blocked = pickle.loads(pickle.dumps(channel))
+    old_producer = pickle.loads(pickle.dumps(channel))
+    key = KEYS[2]
+    blocked.listen([key])
+    old_producer.put("first", key=key, timeout=5)
+    assert blocked.get(key=key, timeout=5) == "first"
+    old_producer.close()
+    with pytest.raises(ChannelClosed):
+        blocked.get(key=key, timeout=5)
+    blocked.reopen(key)
+    replacing = pickle.loads(pickle.dumps(channel))
+    replacing.put("second", key=key, timeout=5)
+    assert blocked.get(key=key, timeout=5) == "second"
+    replacing.close(), blocked.close()
+
     key = KEYS[1]
     old_consumer = pickle.loads(pickle.dumps(channel))
     old_consumer.listen([key])
