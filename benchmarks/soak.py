@@ -32,8 +32,10 @@ import math
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from typing import Dict, List, Optional
@@ -110,11 +112,17 @@ def take_sample(sid: int, metrics_path: str, start: float) -> Dict:
 def summarise(samples: List[Dict], warmup_s: float) -> Dict:
     after = [s for s in samples if s["t_s"] >= warmup_s] or samples[-1:]
     first, last = after[0], after[-1]
+    # a process's memory swings with the batches it holds (the actor's by ~5 % between samples):
+    # the trend compares the medians of the first and the last quarter of the samples after warm-up
+    quarter = max(1, len(after) // 4)
     growth = {}
     for name, mb in last["rss_mb"].items():
         if name in first["rss_mb"]:
+            early = [s["rss_mb"][name] for s in after[:quarter] if name in s["rss_mb"]]
+            late = [s["rss_mb"][name] for s in after[-quarter:] if name in s["rss_mb"]]
             growth[name] = {"warm_mb": round(first["rss_mb"][name], 1), "last_mb": round(mb, 1),
-                            "growth_pct": round(100.0 * (mb - first["rss_mb"][name]) / first["rss_mb"][name], 2)}
+                            "growth_pct": round(100.0 * (mb - first["rss_mb"][name]) / first["rss_mb"][name], 2),
+                            "trend_pct": round(100.0 * (statistics.median(late) / statistics.median(early) - 1), 2)}
     queue_range: Dict[str, List[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
     for s in after:
         for name, size in s["queues"].items():
@@ -123,6 +131,7 @@ def summarise(samples: List[Dict], warmup_s: float) -> Dict:
     return {"warmup_end_t_s": first["t_s"], "last_t_s": last["t_s"], "steps": [first["step"], last["step"]],
             "rss_growth_per_process": growth, "total_rss_growth_pct": round(total_growth, 2),
             "max_process_growth_pct": max((g["growth_pct"] for g in growth.values()), default=0.0),
+            "max_process_trend_pct": max((g["trend_pct"] for g in growth.values()), default=0.0),
             "queue_size_range": dict(queue_range),
             "ray_actor_processes_range": [min(s["ray_actor_processes"] for s in after),
                                           max(s["ray_actor_processes"] for s in after)]}
@@ -196,19 +205,17 @@ def healing_summary(records: List[Dict], faults: List[Dict]) -> Dict:
             "heals": [{k: v for k, v in r.items() if k.startswith("heal/") or k == "step"} for r in heals]}
 
 
-def left_behind(sid: int, channel_folders_before: set) -> Dict:
-    """Processes of the run's session and channel socket folders still there after it stopped."""
+def left_behind(sid: int, channel_dir: str) -> Dict:
+    """Processes of the run's session and channel socket folders still there after it stopped
+    (the folder the run's channels were made in is removed when empty)."""
     deadline = time.monotonic() + 30
     while session_processes(sid) and time.monotonic() < deadline:
         time.sleep(0.5)
     processes = [process_label(p) for p in session_processes(sid)]
-    folders = sorted(set(channel_folders()) - channel_folders_before)
+    folders = sorted(glob.glob(os.path.join(channel_dir, "*")))
+    if not folders:
+        os.rmdir(channel_dir)
     return {"processes": processes, "channel_folders": folders}
-
-
-def channel_folders() -> List[str]:
-    parent = os.environ.get("EMBODIED_ASYNC_CHANNEL_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
-    return glob.glob(os.path.join(parent, "embodied_async-*"))
 
 
 def print_sample(sample: Dict) -> None:
@@ -289,17 +296,18 @@ def main(argv=None) -> int:
     command = [sys.executable, ENTRY, "--config-name", args.config, "runner.max_steps=100000000",
                f"runner.logger.log_path={log_path}", *overrides]
     print(f"[soak] {args.minutes:g} min of {args.config}; output and soak.json in {log_path}", flush=True)
-    folders_before = set(channel_folders())
+    # the run's channel sockets in a folder of its own: what is left there after it stopped is its own
+    channel_dir = tempfile.mkdtemp(prefix="soak-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     with open(os.path.join(log_path, "train.log"), "w") as train_log:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=train_log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, "EMBODIED_ASYNC_CHANNEL_DIR": channel_dir})
         try:
             samples, faults, died_early = soak(proc, args, log_path)
         finally:
             returncode = stop(proc)
     summary = summarise(samples, args.warmup_minutes * 60)
     healing = healing_summary(read_records(os.path.join(log_path, "metrics.jsonl")), faults)
-    leftover = left_behind(proc.pid, folders_before)
+    leftover = left_behind(proc.pid, channel_dir)
     summary.update(returncode=returncode, died_early=died_early, minutes=args.minutes, config=args.config,
                    overrides=overrides, faults=faults, healing=healing, left_behind=leftover)
     with open(os.path.join(log_path, "soak.json"), "w") as f:
