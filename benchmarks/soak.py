@@ -12,6 +12,10 @@ metrics.jsonl). After ``--minutes`` it stops the run with Ctrl-C (SIGINT to the 
 each process's RSS growth from the end of the warm-up to the last sample, and the range of the
 queue sizes and actor counts after warm-up. Everything sampled is written to ``<log>/soak.json``.
 
+A run whose overrides set ``runner.max_steps`` (or ``runner.stop_at_eval_success``) may end on its
+own before the time is up: that counts as lived to the end (exit 0), and the summary's
+``evaluations`` (env steps, success rate) say where it got.
+
 ``--fault-every M``: after the warm-up, a fault about every M minutes (drawn between 0.5 M and
 1.5 M, ``--seed``), of a kind drawn from ``--faults``: ``env-kill`` / ``rollout-kill`` (SIGKILL of
 one such worker process), ``env-stop`` (SIGSTOP: a hung worker, found after
@@ -200,6 +204,8 @@ def healing_summary(records: List[Dict], faults: List[Dict]) -> Dict:
             "lost_decisions": sum(r.get("heal/lost_decisions", 0.0) for r in heals),
             "lost_steps": sum(r.get("heal/lost_steps", 0.0) for r in heals),
             "max_gap_s": round(max((r["heal/gap_s"] for r in heals), default=0.0), 1),
+            "evaluations": [[r["env_steps"], r["eval/success_rate"]] for r in records
+                            if r.get("eval/success_rate") is not None and "env_steps" in r],
             "success_first_quarter": mean_success(updates[:quarter]),
             "success_last_quarter": mean_success(updates[-quarter:]),
             "heals": [{k: v for k, v in r.items() if k.startswith("heal/") or k == "step"} for r in heals]}
@@ -281,7 +287,9 @@ def soak(proc: subprocess.Popen, args, log_path: str) -> tuple:
             # none to hit now (a restart building its workers): try again a little later
             next_fault = now + (rng.uniform(0.5, 1.5) * args.fault_every * 60 if fault else 10.0)
         time.sleep(max(0.0, min(next_sample, next_fault, end) - time.monotonic()))
-    died_early = proc.poll() is not None
+    # ending before the time is up is dying, unless the run finished its own steps or reached its
+    # runner.stop_at_eval_success (exit 0)
+    died_early = proc.poll() not in (None, 0)
     samples.append(take_sample(proc.pid, metrics_path, start))
     return samples, faults, died_early
 
@@ -293,8 +301,9 @@ def main(argv=None) -> int:
     overrides = list(args.overrides)
     if args.fault_every and not any(o.startswith("runner.restarts_per_hour=") for o in overrides):
         overrides.append(f"runner.restarts_per_hour={math.ceil(1.5 * 60 / args.fault_every) + 1}")
-    command = [sys.executable, ENTRY, "--config-name", args.config, "runner.max_steps=100000000",
-               f"runner.logger.log_path={log_path}", *overrides]
+    if not any(o.startswith("runner.max_steps=") for o in overrides):  # else: the run may end on its own
+        overrides.append("runner.max_steps=100000000")
+    command = [sys.executable, ENTRY, "--config-name", args.config, f"runner.logger.log_path={log_path}", *overrides]
     print(f"[soak] {args.minutes:g} min of {args.config}; output and soak.json in {log_path}", flush=True)
     # the run's channel sockets in a folder of its own: what is left there after it stopped is its own
     channel_dir = tempfile.mkdtemp(prefix="soak-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

@@ -224,3 +224,53 @@ def test_the_async_tradeoff_benchmark_reads_throughput_lag_and_learning_per_sett
     assert summary["sync"]["success_at_train_s_budget"] == [0.2, 0.2]
     assert summary["1"]["success_at_env_steps_budget"] == summary["sync"]["success_at_env_steps_budget"] == [0.6, 0.6]
     assert summary["1"]["time_to_sync_final_over_sync"]["ratio"] == 0.5  # 12 s against 24 s
+
+
+def _sample(t_s, **rss):
+    return {"t_s": t_s, "step": int(t_s), "rss_mb": rss, "total_rss_mb": sum(rss.values()),
+            "ray_actor_processes": 3, "queues": {"actions_qsize": 0.0}}
+
+
+def test_the_soak_reads_a_memory_trend_not_the_swing_of_one_sample():
+    soak = load_script("benchmarks", "soak.py")
+    samples = [_sample(0.0, actor=500.0, leaky=100.0)]  # warm-up: left out
+    for i in range(40):  # the actor swings +-5 % with its batches, the other grows 0.5 % a sample
+        samples.append(_sample(60.0 + i, actor=800.0 + (40.0 if i % 2 else -40.0), leaky=200.0 * 1.005 ** i))
+    summary = soak.summarise(samples, warmup_s=60.0)
+    actor, leaky = summary["rss_growth_per_process"]["actor"], summary["rss_growth_per_process"]["leaky"]
+    assert actor["growth_pct"] == pytest.approx(100 * (840 / 760 - 1), abs=0.01)  # first against last: the swing
+    assert abs(actor["trend_pct"]) < 0.5
+    assert leaky["trend_pct"] > 10 and summary["max_process_trend_pct"] == leaky["trend_pct"]
+
+
+def test_the_soak_counts_heals_against_faults_and_refuses_unknown_kinds():
+    soak = load_script("benchmarks", "soak.py")
+    records = [{"step": s, "env/success_rate": 0.1 if s <= 4 else 0.9} for s in range(1, 17)]
+    records.insert(5, {"step": 5, "heal/fault": "env[0] died", "heal/replaced": "env[0]", "heal/lost_decisions": 3.0,
+                       "heal/gap_s": 4.2})
+    records.insert(9, {"step": 8, "heal/fault": "actor[0] died", "heal/restarts": 1.0, "heal/lost_steps": 2.0,
+                       "heal/gap_s": 9.0})
+    healing = soak.healing_summary(records, faults=[{"kind": "env-kill"}, {"kind": "env-stop"}])
+    assert healing["heal_records"] == 2 and healing["replaced_in_place"] == 1 and healing["restarts"] == 1
+    assert healing["lost_decisions"] == 3.0 and healing["lost_steps"] == 2.0 and healing["max_gap_s"] == 9.0
+    assert healing["success_first_quarter"] == 0.1 and healing["success_last_quarter"] == 0.9
+    with pytest.raises(SystemExit):
+        soak.parse(["--faults", "env-kill,disk-full"])
+
+
+def test_a_soak_fault_signals_a_process_of_the_runs_session_only(tmp_path):
+    import random
+    import subprocess
+    import time
+
+    soak = load_script("benchmarks", "soak.py")
+    # stands for a family's simulator child: its command line names the module the fault looks for
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "embodied_async.isolated.server"],
+                             start_new_session=True)
+    try:
+        fault = soak.inject_fault(child.pid, "child-kill", random.Random(0), time.monotonic())
+        assert fault["pid"] == child.pid and fault["kind"] == "child-kill"
+        assert child.wait(10) == -9
+        assert soak.inject_fault(child.pid, "child-kill", random.Random(0), time.monotonic()) is None  # none left
+    finally:
+        child.kill()
