@@ -236,6 +236,25 @@ def test_unknown_key_and_second_consumer_are_refused(channel):
     other.close()
 
 
+def test_a_socket_left_by_a_consumer_that_was_killed_is_taken_over(channel):
+    """A consumer killed while it listened leaves its socket's name behind (nothing unlinks it):
+    the process replacing it listens there; a live consumer's is never taken (the test above)."""
+    import socket as sockets
+
+    from embodied_async.scheduler.channel_access import socket_path
+
+    key = KEYS[1]
+    killed = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    killed.bind(socket_path(channel._folder, channel._index[key]))
+    killed.listen(1)
+    killed.close()  # as SIGKILL closes it: the name stays
+    replacing = pickle.loads(pickle.dumps(channel))
+    replacing.listen([key])
+    channel.put("to the new consumer", key=key, timeout=5)
+    assert replacing.get(key=key, timeout=5) == "to the new consumer"
+    replacing.close()
+
+
 def test_message_items_round_trip(channel):
     """What the graph sends: its message dataclasses, arrays of every plain dtype and layout
     (non-contiguous, 0-d, empty, text, dates), numpy scalars and plain containers."""
