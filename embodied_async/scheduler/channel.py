@@ -230,7 +230,7 @@ class LocalChannel:
         """Messages and bytes sent between processes, connections refused: none in process."""
         return {"messages": 0.0, "bytes": 0.0, "refused_connections": 0.0}
 
-    def listen(self, keys: Sequence[Hashable]) -> None:
+    def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
         """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
 
     def reopen(self, key: Hashable) -> None:
@@ -420,7 +420,7 @@ class RayChannel:
         with self._lock:
             self._bytes += payload_bytes(item)
 
-    def listen(self, keys: Sequence[Hashable]) -> None:
+    def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
         """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
 
     def reopen(self, key: Hashable) -> None:

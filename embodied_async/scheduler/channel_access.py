@@ -78,8 +78,6 @@ def open_listener(folder: str, index: int, what: str) -> socket.socket:
     private_folder(folder, create=True)  # made here when the consumer is on another node
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     address = socket_path(folder, index)
-    if _left_by_an_ended_process(address):  # e.g. the env worker this process replaces, killed while it listened
-        os.unlink(address)
     try:
         listener.bind(address)  # fails if the path exists: never take over another's socket
     except OSError as err:
@@ -91,23 +89,6 @@ def open_listener(folder: str, index: int, what: str) -> socket.socket:
     os.chmod(address, 0o600)  # the folder already keeps others out; this holds if it ever did not
     listener.listen(16)  # a backlog: connections refused one by one cannot crowd out the producer's
     return listener
-
-
-def _left_by_an_ended_process(address: str) -> bool:
-    """Whether a socket's name at ``address`` is left over: nobody listens on it any more (a
-    connection is refused). A live consumer's socket is never taken over."""
-    if not os.path.exists(address):
-        return False
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(address)
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return False
 
 
 def accept_producer(listener: socket.socket, secret: bytes, channel_id: str,

@@ -46,6 +46,7 @@ from embodied_async.scheduler.channel_access import (
     open_listener,
     recv_exact,
     send_all,
+    socket_path,
     stop_listening,
 )
 from embodied_async.scheduler.direct_link import GetWaiter, Link, wait_readable
@@ -305,14 +306,19 @@ class DirectChannel:
             oldest.done = True
         return True
 
-    def listen(self, keys: Sequence[Hashable]) -> None:
+    def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
         """Declare this process the consumer of ``keys`` and accept their producers from now on.
         A producer's first put waits until its consumer listens, so every consumer calls this
         when it starts, before it waits for anything: otherwise two processes that each put
-        before they get could wait for each other's listener."""
+        before they get could wait for each other's listener. ``take_over``: this process
+        replaces the keys' consumer, which the runner killed (dead, or stopped and dying): the
+        socket names it may have left are removed first."""
         for key in keys:
             link = self._link(key)
             with link.in_lock:
+                if take_over:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(socket_path(self._folder, self._index[key]))
                 self._listen(link, key)
 
     def get_async(self, key: Hashable = "default") -> ChannelFuture:

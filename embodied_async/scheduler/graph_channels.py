@@ -105,8 +105,8 @@ class RoutedChannel:
     def share(self, payload: Any) -> Shared:
         return self.relayed.share(payload)
 
-    def listen(self, keys: Sequence[Hashable]) -> None:
-        self.direct.listen([key for key in keys if key in self.direct_keys])
+    def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
+        self.direct.listen([key for key in keys if key in self.direct_keys], take_over)
 
     def reopen(self, key: Hashable) -> None:
         self._route(key).reopen(key)

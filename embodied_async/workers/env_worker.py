@@ -120,7 +120,8 @@ class EnvWorker:
         self.stats = [EpisodeStats(per_stage, first_only=grouped) for _ in range(stages)]
         self.reports_success = self.envs[0].spec.reports_success
         self.env_channel, self.action_channel = channels.env_outputs, channels.actions
-        self.action_channel.listen([(rank, s) for s in range(stages)])
+        # a replacement (generation > 0) takes over the socket names the killed process may have left
+        self.action_channel.listen([(rank, s) for s in range(stages)], take_over=generation > 0)
         self.timer = BusyTimer()
         self.clock = ProcessClock()
         self._lock = threading.Lock()

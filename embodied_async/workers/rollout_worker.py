@@ -99,7 +99,7 @@ class RolloutWorker:
         self._lost_streams: set = set()
         self._replacements: Dict[int, tuple] = {}  # env rank -> (generation, taken: Event, what was dropped)
         self._replacements_lock = threading.Lock()
-        self.env_channel.listen(self.stream_keys)
+        self.env_channel.listen(self.stream_keys, take_over=link_generations is not None)  # a replacement
         self.weight_channel.listen([rank])
 
     # ---- weights -------------------------------------------------------------------------

@@ -236,23 +236,20 @@ def test_unknown_key_and_second_consumer_are_refused(channel):
     other.close()
 
 
-def test_a_socket_left_by_a_consumer_that_was_killed_is_taken_over(channel):
-    """A consumer killed while it listened leaves its socket's name behind (nothing unlinks it):
-    the process replacing it listens there; a live consumer's is never taken (the test above)."""
-    import socket as sockets
-
-    from embodied_async.scheduler.channel_access import socket_path
-
+def test_a_consumer_that_replaces_another_takes_its_socket_over(channel):
+    """The runner killed a consumer that listened (a stopped process may still hold its socket
+    while it dies): the process replacing it listens there all the same (``take_over``); without
+    it, a second consumer of a key is refused (the test above)."""
     key = KEYS[1]
-    killed = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
-    killed.bind(socket_path(channel._folder, channel._index[key]))
-    killed.listen(1)
-    killed.close()  # as SIGKILL closes it: the name stays
+    replaced = pickle.loads(pickle.dumps(channel))
+    replaced.listen([key])  # still listening: stopped, not yet gone
     replacing = pickle.loads(pickle.dumps(channel))
-    replacing.listen([key])
+    with pytest.raises(RuntimeError, match="one consumer per key"):
+        replacing.listen([key])
+    replacing.listen([key], take_over=True)
     channel.put("to the new consumer", key=key, timeout=5)
     assert replacing.get(key=key, timeout=5) == "to the new consumer"
-    replacing.close()
+    replacing.close(), replaced.close()
 
 
 def test_message_items_round_trip(channel):
