@@ -116,14 +116,21 @@ def assert_replaced_in_place(log_path, component: str, hung: bool, max_steps: in
     return heal
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("component", ["env", "rollout"])
-def test_a_killed_env_or_rollout_worker_is_replaced_in_place_losing_only_what_was_under_way(tmp_path, component):
-    log_path = tmp_path / "run"
+def killed_at_step_3_of_8(log_path, component: str) -> tuple:
+    """A healing run of 8 updates (a checkpoint every 2) whose ``component`` worker is SIGKILLed at
+    step 3; it finished them: (the process, its output)."""
     proc, output, _ = sigkill_mid_run(
         [*SMALL_CLI, "runner.max_steps=8", "runner.save_interval=2", f"runner.logger.log_path={log_path}"],
         "step 3/", 300, lambda sid: component_pid(sid, COMPONENTS[component]))
     assert proc.returncode == 0, output[-3000:]
+    return proc, output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", ["env", "rollout"])
+def test_a_killed_env_or_rollout_worker_is_replaced_in_place_losing_only_what_was_under_way(tmp_path, component):
+    log_path = tmp_path / "run"
+    proc, output = killed_at_step_3_of_8(log_path, component)
     assert re.search(rf"healing: {component}\[\d\]\.run failed: the {component} process died.*replacing "
                      rf"{component}\[\d\] by a new process", output), output[-3000:]
     heal = assert_replaced_in_place(log_path, component, hung=False, max_steps=8)
@@ -136,10 +143,7 @@ def test_a_killed_env_or_rollout_worker_is_replaced_in_place_losing_only_what_wa
 @pytest.mark.parametrize("component", ["actor"])
 def test_a_killed_component_restarts_the_run_which_finishes_its_updates(tmp_path, component):
     log_path = tmp_path / "run"
-    proc, output, _ = sigkill_mid_run(
-        [*SMALL_CLI, "runner.max_steps=8", "runner.save_interval=2", f"runner.logger.log_path={log_path}"],
-        "step 3/", 300, lambda sid: component_pid(sid, COMPONENTS[component]))
-    assert proc.returncode == 0, output[-3000:]
+    proc, output = killed_at_step_3_of_8(log_path, component)
     assert re.search(rf"healing: {component}\[\d+\]\.\w+ failed: the {component} process died", output), output[-3000:]
     heals, trained = healed_records(log_path)
     assert len(heals) == 1, heals
