@@ -164,17 +164,47 @@ def _group(name, beats):
 
 
 def test_a_worker_busy_past_the_timeout_or_silent_is_hung_and_a_waiting_one_is_not():
-    graph = SimpleNamespace(looping=lambda: [_group("env", [None, ("env", 2.0)]), _group("rollout", [None])])
+    graph = SimpleNamespace(looping=lambda: [_group("env", [None, ("env", 2.0)]), _group("rollout", [None])], groups={})
     check_hangs(graph, timeout=5)  # busy for less than the timeout, or waiting: nothing hung
-    graph = SimpleNamespace(looping=lambda: [_group("env", [None, ("env", 7.5)])])
+    graph = SimpleNamespace(looping=lambda: [_group("env", [None, ("env", 7.5)])], groups={})
     with pytest.raises(WorkerHung, match=r"env\[1\] hung: busy in its 'env' section for 8 s, more than "
                                          r"runner.hang_timeout_s=5"):
         check_hangs(graph, timeout=5)
-    graph = SimpleNamespace(looping=lambda: [_group("rollout", ["silent"])])
+    graph = SimpleNamespace(looping=lambda: [_group("rollout", ["silent"])], groups={})
     started = time.monotonic()
     with pytest.raises(WorkerHung, match=r"rollout\[0\].heartbeat hung: it did not answer for 1 s"):
         check_hangs(graph, timeout=1)
     assert time.monotonic() - started < 3
+
+
+def test_the_actor_is_hung_when_silent_or_updating_past_its_bound_and_never_while_it_waits():
+    def graph(beats):
+        return SimpleNamespace(looping=lambda: [_group("env", [None])], groups={"actor": None},
+                               actor=_group("actor", beats))
+
+    bound = (120.0, "runner.update_hang_factor=10 x its longest update so far (12.0 s)")
+    check_hangs(graph([None, ("update", 119.0)]), timeout=5, update_limit=bound)  # waiting, or inside its bound
+    check_hangs(graph([("update", 5000.0)]), timeout=5)  # the first update: no bound yet
+    with pytest.raises(WorkerHung, match=r"actor\[1\] hung: busy in its 'update' section for 121 s, more than "
+                                         r"runner.update_hang_factor=10 x its longest update so far \(12.0 s\)"):
+        check_hangs(graph([None, ("update", 121.0)]), timeout=5, update_limit=bound)
+    with pytest.raises(WorkerHung, match=r"actor\[0\].heartbeat hung: it did not answer for 1 s"):
+        check_hangs(graph(["silent"]), timeout=1)
+
+
+def test_the_update_bound_follows_the_longest_update_and_is_never_below_the_hang_timeout():
+    from embodied_async.runner.loop import Runner
+
+    def limit(longest, factor=10.0, timeout=60.0):
+        runner = SimpleNamespace(cfg=SimpleNamespace(runner=SimpleNamespace(update_hang_factor=factor,
+                                                                            hang_timeout_s=timeout)),
+                                 longest_update_s=longest)
+        return Runner._update_limit(runner)
+
+    assert limit(0.0) is None  # no update finished yet
+    assert limit(12.0)[0] == 120.0 and "longest update so far (12.0 s)" in limit(12.0)[1]
+    assert limit(0.5)[0] == 60.0  # fast updates: the hang timeout
+    assert limit(12.0, factor=0) is None  # never
 
 
 def test_only_env_and_rollout_workers_of_a_healing_run_are_replaced_in_place():

@@ -414,13 +414,19 @@ class RunnerConfig:
     # finish, the checkpoint the rest
     preemption_grace_s: float = 25.0
     # healing: a worker process that dies (SIGKILL, the OOM killer, a segfault, a family's simulator
-    # process) or hangs restarts the run from its last complete checkpoint in the same log folder,
-    # at most this many times in any hour; past that, or at 0, the run stops as it did before,
-    # naming every fault. An error a worker raises (a bug, bad data) is never healed
+    # process) or hangs is replaced in place (an env or rollout worker) or restarts the run from its
+    # last complete checkpoint in the same log folder (the actor), at most this many faults in any
+    # hour; past that, or at 0, the run stops as it did before, naming every fault. An error a
+    # worker raises (a bug, bad data) is never healed
     restarts_per_hour: int = 3
-    # an env or rollout worker busy in one section (a simulator step, an inference) or silent for
-    # this long is hung: the run treats it as dead (0: never)
+    # a worker that does not answer its heartbeat for this long is hung (stopped, wedged), and so is
+    # an env or rollout worker busy in one section (a simulator step, an inference) this long: the
+    # run treats it as dead (0: never)
     hang_timeout_s: float = 60.0
+    # the actor's update may rightly take minutes: one under way for more than this many times the
+    # longest update of the run so far (and at least runner.hang_timeout_s) is hung; the first
+    # update has no bound (0: an update is never hung, only a silent actor)
+    update_hang_factor: float = 10.0
     # False: checkpoints hold the trainable parameters (all of them for MLP/CNN, adapters and
     # value head under LoRA) and name the base checkpoint; True: also every frozen weight
     checkpoint_frozen_weights: bool = False

@@ -13,7 +13,7 @@ import dataclasses
 import shutil
 import signal
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from embodied_async import run_folder, signals
 from embodied_async.config import Topology, TrainConfig, resolve_topology
@@ -66,6 +66,7 @@ class Runner:
         self.loops: List[Pending] = []
         self.in_flight: List[Pending] = []
         self.eval_in_flight: Optional[Pending] = None
+        self.longest_update_s = 0.0  # the actor's longest update of this attempt: its hang bound
         self.eval_launched_at = 0  # the step an evaluation in flight was launched at (its videos' folder)
         self.videos_to_log: list = []  # (launch step, videos) of finished evaluations, for TensorBoard
         self.last_eval: Optional[float] = None
@@ -162,7 +163,16 @@ class Runner:
             try:
                 return wait_all(pending, watch=self.loops, timeout=min(timeout / 4, HANG_CHECK_S))
             except TimeoutError:
-                check_hangs(self.graph, timeout)
+                check_hangs(self.graph, timeout, self._update_limit())
+
+    def _update_limit(self) -> Optional[Tuple[float, str]]:
+        """How long the actor's update may take before it is hung (``runner.update_hang_factor``
+        times the longest of this attempt's updates, at least ``runner.hang_timeout_s``), and why."""
+        factor, longest = self.cfg.runner.update_hang_factor, self.longest_update_s
+        if not factor or not longest:
+            return None
+        limit = max(factor * longest, self.cfg.runner.hang_timeout_s)
+        return limit, f"runner.update_hang_factor={factor:g} x its longest update so far ({longest:.1f} s)"
 
     def _healing(self, wait: Callable[[], Any]) -> Any:
         """``wait()``, again after each dead or hung worker it meets was replaced in place
@@ -215,6 +225,7 @@ class Runner:
         """Count a finished step (also one that finished after Ctrl-C), so a checkpoint says what it
         holds; its metrics."""
         metrics = self.mode.take_step(results)
+        self.longest_update_s = max(self.longest_update_s, metrics.get("time/actor_training", 0.0))
         self.state["step"] += 1
         self.state["version"] = self.mode.version_after_step(metrics, self.state["step"])
         return metrics
@@ -366,15 +377,20 @@ class Runner:
                 "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals, **self.mode.summary()}
 
 
-def check_hangs(graph: Graph, timeout: float) -> None:
-    """``WorkerHung`` for the first looping worker (one with a ``heartbeat``) busy in one section
-    for more than ``timeout`` seconds, or not answering within it; its section names what it was
-    doing (``env``: stepping its simulators; ``rollout``: computing actions)."""
-    for group in graph.looping():
+def check_hangs(graph: Graph, timeout: float, update_limit: Optional[Tuple[float, str]] = None) -> None:
+    """``WorkerHung`` for the first worker (one with a ``heartbeat``) not answering within
+    ``timeout`` seconds, or busy in one section for longer than its bound: a looping worker's is
+    ``timeout``, the actor's ``update_limit`` (seconds, how it was set; None: none). The section
+    names what it was doing (``env``: stepping its simulators; ``rollout``: computing actions;
+    ``update``: the actor's update)."""
+    bounds = [(group, (timeout, f"runner.hang_timeout_s={timeout:g}")) for group in graph.looping()]
+    if "actor" in graph.groups:
+        bounds.append((graph.actor, update_limit))
+    for group, bound in bounds:
         if not hasattr(group.cls, "heartbeat"):
             continue
         busy = wait_answers(group.call("heartbeat"), timeout=timeout)
         for rank, section in enumerate(busy):
-            if section is not None and section[1] > timeout:
+            if section is not None and bound is not None and section[1] > bound[0]:
                 raise WorkerHung(f"{group.name}[{rank}] hung: busy in its '{section[0]}' section for "
-                                 f"{section[1]:.0f} s, more than runner.hang_timeout_s={timeout:g}", (group.name, rank))
+                                 f"{section[1]:.0f} s, more than {bound[1]}", (group.name, rank))

@@ -6,7 +6,7 @@ to the rollout workers."""
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,6 +39,7 @@ class ActorWorker(TrainerCore):
         self.actor_channel.listen([(*stream, rank) for stream in topology.streams])
         self._demo_batches = None
         self._warm_start: Dict[str, torch.Tensor] = {}
+        self._update_began: Optional[float] = None  # time.monotonic() at the start of the update under way
 
     def init_model(self, host: str, port: int) -> None:
         """The trainer core's set-up; with ``algorithm.anchor_kl_coef`` > 0, a copy of the trainable
@@ -222,7 +223,17 @@ class ActorWorker(TrainerCore):
     def train_step(self) -> Dict[str, float]:
         """Collect one rollout batch, update, publish. Returns metrics averaged over ranks."""
         with self._update_lock:  # a checkpoint never sees a half-done update
-            return self._train_step()
+            try:
+                return self._train_step()
+            finally:
+                self._update_began = None
+
+    def heartbeat(self) -> Optional[Tuple[str, float]]:
+        """``("update", seconds)`` while an update is under way (None while the actor waits for
+        trajectories or for the next step): answered beside the update, so a process that does not
+        answer is stopped or wedged; the runner's hang check reads it (``runner.update_hang_factor``)."""
+        began = self._update_began
+        return None if began is None else ("update", time.monotonic() - began)
 
     def _train_step(self) -> Dict[str, float]:
         wait_start = time.perf_counter()
@@ -231,6 +242,7 @@ class ActorWorker(TrainerCore):
         except ChannelClosed:
             raise RuntimeError("the trajectory channel closed while the actor was waiting for data") from None
         start, start_cpu = time.perf_counter(), time.thread_time()
+        self._update_began = time.monotonic()
         for shard in shards:  # the run's one normaliser learns from what it trains on
             merge_observation_moments(self.policy, shard.obs_moments)
         traj = Trajectory.concat(shards)

@@ -1,7 +1,7 @@
 """Failure drills. Healing (runner.restarts_per_hour): an env or rollout worker SIGKILLed, stopped
 (SIGSTOP) or busy past runner.hang_timeout_s is replaced in place, the run losing only the
-trajectories under way on its links; an actor worker SIGKILLed restarts the run from its last
-checkpoint. Either
+trajectories under way on its links; an actor worker SIGKILLed or stopped restarts the run from its
+last checkpoint. Either
 way the run finishes its updates, each fault a record in metrics.jsonl, no process left behind; a
 fault past the budget stops the run naming every fault. Fail-fast (runner.restarts_per_hour=0):
 the run ends within 60 s with a non-zero exit and a message naming the component, its last
@@ -145,18 +145,25 @@ def test_a_killed_component_restarts_the_run_which_finishes_its_updates(tmp_path
     log_path = tmp_path / "run"
     proc, output = killed_at_step_3_of_8(log_path, component)
     assert re.search(rf"healing: {component}\[\d+\]\.\w+ failed: the {component} process died", output), output[-3000:]
-    heals, trained = healed_records(log_path)
+    assert_restarted_once(log_path, hung=False, max_steps=8)
+    assert_no_process_left(proc.pid)
+
+
+def assert_restarted_once(log_path, hung: bool, max_steps: int) -> dict:
+    """One fault, healed by a restart from the last checkpoint before it (the run saved every 2
+    steps and was at step 3 at least), then every step from the checkpoint's on, once. Its record."""
+    heals, _ = healed_records(log_path)
     assert len(heals) == 1, heals
     heal = heals[0]
-    assert heal["heal/restarts"] == 1 and heal["heal/faults"] == 1 and heal["heal/hung"] == 0 and heal["heal/gap_s"] > 0
-    # resumed from the last checkpoint before the fault (the run had saved at step 2 at least)
+    assert heal["heal/restarts"] == 1 and heal["heal/faults"] == 1 and heal["heal/hung"] == float(hung)
+    assert heal["heal/gap_s"] > 0
     assert heal["step"] >= 2 and heal["heal/resumed_from"].endswith(f"global_step_{heal['step']}")
-    # after the restart's record: every step from the checkpoint's on, once
     with open(log_path / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
     after = records[records.index(heal) + 1:]
-    assert [r["step"] for r in after if "train/actor/current_version" in r] == list(range(heal["step"] + 1, 9))
-    assert_no_process_left(proc.pid)
+    assert [r["step"] for r in after if "train/actor/current_version" in r] == list(range(heal["step"] + 1,
+                                                                                           max_steps + 1))
+    return heal
 
 
 @pytest.mark.slow
@@ -177,6 +184,23 @@ def test_a_stopped_worker_is_found_hung_within_the_timeout_and_replaced(tmp_path
     print(f"[drill] stopped {component} worker: the run finished {ended_after:.1f} s after SIGSTOP, "
           f"{heal['heal/gap_s']:.1f} s from the fault found to the new process running")
     assert ended_after < 10 + 5 + 30
+    assert_no_process_left(proc.pid)
+
+
+@pytest.mark.slow
+def test_a_stopped_actor_is_found_hung_within_the_timeout_and_the_run_restarts_from_its_checkpoint(tmp_path):
+    """SIGSTOP of the actor: its heartbeat, answered beside the update, goes silent."""
+    log_path = tmp_path / "run"
+    proc, output, ended_after = sigkill_mid_run(
+        [*SMALL_CLI, "runner.max_steps=6", "runner.save_interval=2", f"runner.logger.log_path={log_path}",
+         "runner.hang_timeout_s=10"], "step 3/", 300, lambda sid: component_pid(sid, COMPONENTS["actor"]),
+        signal.SIGSTOP)
+    assert proc.returncode == 0, output[-3000:]
+    assert re.search(r"healing: actor\[0\]\.heartbeat hung: it did not answer for 10 s.*restarting every worker",
+                     output), output[-3000:]
+    heal = assert_restarted_once(log_path, hung=True, max_steps=6)
+    print(f"[drill] stopped actor: the run finished {ended_after:.1f} s after SIGSTOP, "
+          f"{heal['heal/gap_s']:.1f} s from the fault found to the workers running again")
     assert_no_process_left(proc.pid)
 
 
