@@ -207,26 +207,32 @@ def test_the_update_bound_follows_the_longest_update_and_is_never_below_the_hang
     assert limit(12.0, factor=0) is None  # never
 
 
-def test_only_env_and_rollout_workers_of_a_healing_run_are_replaced_in_place():
+def test_only_env_and_rollout_workers_of_a_healing_run_are_replaced_in_place(monkeypatch):
     """What replacement.replace_in_place leaves to a restart from the checkpoint (False, nothing
     counted): the actor, a rollout worker while several actor ranks hold parts of its trajectories,
-    a run in one process, a run that does not heal."""
-    from embodied_async.runner.replacement import replace_in_place
+    a worker whose node does not answer, a run in one process, a run that does not heal."""
+    from embodied_async.runner import replacement
 
-    def runner(backend="ray", actor_ranks=1, faults=True):
-        cfg = SimpleNamespace(cluster=SimpleNamespace(backend=backend), runner=SimpleNamespace(restarts_per_hour=3))
-        graph = SimpleNamespace(env=object(), rollout=object())
-        return SimpleNamespace(cfg=cfg, graph=graph, faults=Faults(3) if faults else None,
+    answering = {"node-a"}
+    monkeypatch.setattr(replacement, "responsive", lambda nodes: answering & set(nodes))
+
+    def runner(backend="ray", actor_ranks=1, faults=True, num_nodes=1):
+        cfg = SimpleNamespace(cluster=SimpleNamespace(backend=backend, num_nodes=num_nodes),
+                              runner=SimpleNamespace(restarts_per_hour=3))
+        nodes = SimpleNamespace(nodes=["node-a", "node-b"])
+        graph = SimpleNamespace(env=object(), rollout=object(), groups={"env": nodes, "rollout": nodes})
+        return SimpleNamespace(cfg=cfg, graph=graph, faults=Faults(3) if faults else None, log=lambda line: None,
                                topology=SimpleNamespace(actor_world_size=actor_ranks))
 
     for made, fault in [(runner(), WorkerDied("actor[0] died", ("actor", 0))),
                         (runner(actor_ranks=2), WorkerDied("rollout[0] died", ("rollout", 0))),
+                        (runner(num_nodes=2), WorkerDied("env[1] died", ("env", 1))),  # on node-b, lost
                         (runner(backend="local"), WorkerHung("env[0] hung", ("env", 0))),
                         (runner(faults=False), WorkerDied("env[0] died", ("env", 0))),
                         (runner(), WorkerDied("a fault naming no worker"))]:
-        assert replace_in_place(made, fault) is False
+        assert replacement.replace_in_place(made, fault) is False
         assert made.faults is None or made.faults.seen == []
     past = runner()
     past.faults = Faults(0)
     with pytest.raises(FaultsPastBudget):  # counted first: past the budget nothing is replaced
-        replace_in_place(past, WorkerDied("env[1] died", ("env", 1)))
+        replacement.replace_in_place(past, WorkerDied("env[1] died", ("env", 1)))

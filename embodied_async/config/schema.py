@@ -427,6 +427,9 @@ class RunnerConfig:
     # longest update of the run so far (and at least runner.hang_timeout_s) is hung; the first
     # update has no bound (0: an update is never hung, only a silent actor)
     update_hang_factor: float = 10.0
+    # a restart on several nodes (cluster.num_nodes > 1) after a node was lost waits this long for
+    # the cluster to have its nodes again (a scheduler's replacement), then stops naming them
+    node_wait_s: float = 600.0
     # False: checkpoints hold the trainable parameters (all of them for MLP/CNN, adapters and
     # value head under LoRA) and name the base checkpoint; True: also every frozen weight
     checkpoint_frozen_weights: bool = False

@@ -422,6 +422,8 @@ def _check_actor_and_runner(cfg: TrainConfig) -> None:
           "use 0 to never treat a busy worker as hung, or the longest a simulator step or an inference may take")
     bound(runner.update_hang_factor, "runner.update_hang_factor", lambda v: v == 0 or v >= 2, "must be 0 or >= 2",
           "use 0 to never treat a long update as hung, or how many times its longest update an update may take")
+    bound(runner.node_wait_s, "runner.node_wait_s", lambda v: v >= 0, "must be >= 0",
+          "use 0 to stop at once when a node is lost, or how long a replacement node may take to join")
     bound(runner.max_env_steps, "runner.max_env_steps", lambda v: v >= 1, "must be positive", "set an env-step budget",
           null="to stop at runner.max_steps only")
     bound(runner.stop_at_eval_success, "runner.stop_at_eval_success", lambda v: 0.0 < v <= 1.0,

@@ -19,6 +19,7 @@ from embodied_async import run_folder
 from embodied_async.config import Topology, TrainConfig
 from embodied_async.runner.faults import Faults, FaultsPastBudget
 from embodied_async.runner.loop import Runner
+from embodied_async.scheduler.nodes import wait_for_nodes
 from embodied_async.scheduler.worker_group import WorkerDied, WorkerFailed, WorkerHung
 
 
@@ -40,6 +41,7 @@ def run_healing(cfg: TrainConfig, topology: Optional[Topology] = None) -> Dict[s
             faults.admit(fault)
             restarts += 1
             cfg, restart = _restarted(cfg, runner, fault, restarts, len(faults.seen))
+            _wait_for_nodes(cfg, runner, fault)
         except WorkerFailed as err:
             if faults.seen:  # the faults healed before it are part of its story
                 raise WorkerFailed(f"{err}; faults healed before it: {faults.named()}") from err
@@ -60,3 +62,16 @@ def _restarted(cfg: TrainConfig, runner: Runner, fault: WorkerFailed, count: int
               "heal/hung": float(isinstance(fault, WorkerHung)), "heal/fault": str(fault),
               "heal/resumed_from": checkpoint, "heal/fault_time": time.time()}
     return dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, resume_dir=checkpoint)), record
+
+
+def _wait_for_nodes(cfg: TrainConfig, runner: Runner, fault: WorkerFailed) -> None:
+    """On several nodes: wait (``runner.node_wait_s``) until the cluster has its nodes again, each
+    answering, before the restart places the workers; past that the run stops, naming them."""
+    wanted = cfg.cluster.num_nodes
+    if cfg.cluster.backend != "ray" or wanted <= 1:
+        return
+    nodes = wait_for_nodes(wanted, runner.topology.device_kind, cfg.runner.node_wait_s, runner.log)
+    if len(nodes) < wanted:
+        raise WorkerFailed(f"{fault}; the Ray cluster has {len(nodes)} answering nodes of cluster.num_nodes={wanted} "
+                           f"after runner.node_wait_s={cfg.runner.node_wait_s:g} s: not restarted. Start the missing "
+                           f"node, then resume with runner.resume_dir={cfg.runner.resume_dir}", fault.worker) from fault

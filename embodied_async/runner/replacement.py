@@ -10,14 +10,15 @@ for each such fault). What its link carried is dropped by generation (``data.Env
   (``EnvWorker.replace_rollout``), the trajectories under way dropped.
 
 Any other fault (the actor, a rollout worker while several actor ranks hold parts of its
-trajectories, a run in one process) is left to ``healing.run_healing``: a restart from the last
-checkpoint. Both count in the run's one budget (``faults.Faults``)."""
+trajectories, a worker whose node is lost, a run in one process) is left to
+``healing.run_healing``: a restart from the last checkpoint. Both count in the run's one budget (``faults.Faults``)."""
 
 from __future__ import annotations
 
 import time
 from typing import Dict, List
 
+from embodied_async.scheduler.nodes import responsive
 from embodied_async.scheduler.worker_group import Pending, WorkerFailed, WorkerHung, wait_all
 
 BUILD_TIMEOUT_S = 600.0  # a new process loads its model or builds its simulators
@@ -35,6 +36,10 @@ def replace_in_place(runner, fault: WorkerFailed) -> bool:
         return False
     if component not in ("env", "rollout"):
         return False
+    node = graph.groups[component].nodes[rank]
+    if cfg.cluster.num_nodes > 1 and node not in responsive([node]):
+        runner.log(f"{fault}: its node {node} does not answer: the node is lost, every worker on it with it")
+        return False  # a restart waits for the cluster's nodes and places every worker anew
     runner.faults.admit(fault)
     found_at = time.time()
     runner.log(f"healing: {fault}; replacing {component}[{rank}] by a new process (fault {len(runner.faults.seen)}, "

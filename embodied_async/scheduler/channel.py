@@ -390,7 +390,12 @@ class RayChannel:
         """Start the channel's actor, named ``channel:<name>`` (the name must be unused)."""
         if maxsize < 0:  # checked here: inside the actor it would only surface on first use
             raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
-        actor = _actor_class().options(name=f"channel:{name}").remote(maxsize)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # on the creator's node (the driver's): the node whose loss ends the run anyway, so a lost
+        # worker node never takes a channel the rest of the run needs with it
+        here = NodeAffinitySchedulingStrategy(_ray().get_runtime_context().get_node_id(), soft=False)
+        actor = _actor_class().options(name=f"channel:{name}", scheduling_strategy=here).remote(maxsize)
         return cls(actor, name, maxsize)
 
     @classmethod

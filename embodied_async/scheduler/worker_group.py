@@ -105,7 +105,9 @@ def init_ray(num_nodes: int) -> None:
     restore_after_ray_init()
 
 
-def _alive_nodes(resource: str) -> List[dict]:
+def alive_nodes(resource: str) -> List[dict]:
+    """The nodes Ray counts as alive that have ``resource``, in the order placement ids count
+    them (the head node first)."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) > 0]
@@ -119,13 +121,13 @@ def gpu_slots() -> List[tuple]:
     Placement ids count across nodes in this order (the head node first), so ``actor: 0-15`` on
     two 8-GPU nodes means all GPUs of both.
     """
-    return [(n["NodeID"], i) for n in _alive_nodes("GPU") for i in range(int(n["Resources"]["GPU"]))]
+    return [(n["NodeID"], i) for n in alive_nodes("GPU") for i in range(int(n["Resources"]["GPU"]))]
 
 
 def cpu_slots() -> List[tuple]:
     """Every CPU of the Ray cluster as ``(node_id, local index)``, counted node by node like
     ``gpu_slots``: with ``cluster.num_nodes > 1`` CPU placement ids are these slots."""
-    return [(n["NodeID"], i) for n in _alive_nodes("CPU") for i in range(int(n["Resources"]["CPU"]))]
+    return [(n["NodeID"], i) for n in alive_nodes("CPU") for i in range(int(n["Resources"]["CPU"]))]
 
 
 def worker_slots(device_kind: str, device_ids: Sequence[int], num_nodes: int) -> List[tuple]:
