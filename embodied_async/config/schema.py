@@ -21,6 +21,10 @@ except ImportError:  # scripts/gpu_check.py reads these classes on machines with
     MISSING = "???"  # omegaconf's own marker value
 
 
+# the graph's channels (scheduler.graph_channels.GraphChannels), by name
+GRAPH_CHANNELS = ("env_outputs", "actions", "trajectories", "weights")
+
+
 @dataclass
 class ClusterConfig:
     # "ray": every worker is its own process; "local": the whole graph in this process (threads), for tests
@@ -36,6 +40,11 @@ class ClusterConfig:
     # under Ray: "auto": point to point over a Unix socket where sender and receiver share a node, through a
     # channel actor otherwise; "ray": always channel actors (slower; benchmarks/throughput.py compares)
     channel_transport: str = "auto"
+    # a drill (tests/e2e/test_failure_drills.py): a slow link, e.g. on the command line
+    # +cluster.inject_channel_latency_s.trajectories=0.5: every item
+    # on that channel of the graph (env_outputs, actions, trajectories, weights) reaches its consumer
+    # this many seconds after it arrived
+    inject_channel_latency_s: Dict[str, float] = field(default_factory=dict)
 
 
 # model.precision: the names of the torch dtypes a policy computes in (and keeps frozen weights in)

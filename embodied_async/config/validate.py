@@ -21,6 +21,7 @@ from embodied_async.config.family_hooks import hook
 from embodied_async.config.mode_checks import check_mode
 from embodied_async.config.mode_sections import OFFLINE_MODES
 from embodied_async.config.schema import (
+    GRAPH_CHANNELS,
     LOGPROB_TYPES,
     PRECISIONS,
     LoggerConfig,
@@ -141,6 +142,10 @@ def check(cfg: TrainConfig, num_gpus: Optional[int] = None, evaluation: bool = F
     choice(cfg.cluster.backend, "cluster.backend", ("ray", "local"))
     choice(cfg.cluster.device_type, "cluster.device_type", ("auto", "cpu", "gpu"))
     choice(cfg.cluster.channel_transport, "cluster.channel_transport", ("auto", "ray"))
+    for name, seconds in cfg.cluster.inject_channel_latency_s.items():
+        choice(name, "a channel of cluster.inject_channel_latency_s", GRAPH_CHANNELS)
+        bound(seconds, f"cluster.inject_channel_latency_s.{name}", lambda v: 0 <= v <= 60, "must be between 0 and 60",
+              "give a link's latency in seconds")
     choice(cfg.model.precision, "model.precision", PRECISIONS)
     _check_counts(cfg)  # before the topology, which divides by these
     if num_gpus is None and cfg.runner.dry_run and cfg.cluster.device_type == "gpu":

@@ -62,7 +62,8 @@ class PPOMode(Mode):
         if slots and cfg.cluster.channel_transport == "auto":
             links = channel_links(topology, {name: [node for node, _ in s] for name, s in slots.items()})
         channels = GraphChannels.create(cfg.cluster.backend, links=links,
-                                        trajectory_depth=VersionGate.from_config(cfg.algorithm).max_capacity)
+                                        trajectory_depth=VersionGate.from_config(cfg.algorithm).max_capacity,
+                                        latency_s=cfg.cluster.inject_channel_latency_s)
         common = dict(cfg=cfg, topology=topology, channels=channels)
         placed = dict(topology=topology, backend=cfg.cluster.backend)
         env = WorkerGroup("env", EnvWorker, kwargs_for=lambda r: dict(common, rank=r), slots=slots.get("env"), **placed)

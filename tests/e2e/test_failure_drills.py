@@ -19,7 +19,9 @@ import pytest
 from conftest import REPO_ROOT
 from test_interrupt_resume import ENTRY, SMALL_CLI, kill_session, session_processes, wait_for_line
 
+from embodied_async.algorithms.version_gate import VersionGate
 from embodied_async.checkpoint_io import verify_checkpoint
+from embodied_async.config.recipes import default_recipe, resolve_recipe
 
 pytestmark = pytest.mark.slow  # runs the graph: Ray, worker processes or a recipe in a subprocess
 
@@ -220,3 +222,37 @@ def test_a_worker_that_hangs_again_past_the_budget_stops_the_run_naming_every_fa
                      r"\(2\) env\[0\] hung", output), output[-3000:]
     heals, _ = healed_records(log_path)  # the first replaced in place, its successor as slow
     assert len(heals) == 1 and heals[0]["step"] == 0 and heals[0]["heal/replaced"] == "env[0]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channel", ["trajectories", "weights"])
+def test_a_slow_link_holds_its_producers_back_and_nothing_piles_up(tmp_path, channel):
+    """Injected latency (cluster.inject_channel_latency_s): every item on one channel reaches its
+    consumer 0.5 s late. The producers wait (backpressure): no queue grows past its bound or over
+    the run, the staleness bound holds, and the run finishes its updates."""
+    latency, steps = 0.5, 10
+    log_path = tmp_path / "run"
+    args = [*SMALL_CLI, f"runner.max_steps={steps}", f"+cluster.inject_channel_latency_s.{channel}={latency}"]
+    run = subprocess.run([sys.executable, ENTRY, *args, f"runner.logger.log_path={log_path}"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _, trained = healed_records(log_path)
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    cfg, topology = resolve_recipe(default_recipe(), args)
+    trajectory_bound = VersionGate.from_config(cfg.algorithm).max_capacity * len(topology.streams)
+    for record in trained:
+        threshold = record["train/staleness_threshold"]
+        assert record["channel/trajectories_qsize"] <= trajectory_bound
+        # the actor publishes a version per update, and updates need trajectories the version gate
+        # admits: it cannot run more than the bound ahead of the weights the rollout has taken
+        assert record["channel/weights_qsize"] <= threshold + 1
+        assert record["channel/env_outputs_qsize"] <= 2 * len(topology.streams)
+        assert record["train/actor/staleness"] <= threshold
+    later = trained[steps // 2:]
+    for name in ("trajectories", "weights", "env_outputs", "actions"):  # flat: no growth over the run
+        key = f"channel/{name}_qsize"
+        assert max(r[key] for r in later) <= max(r[key] for r in trained[:steps // 2]) + 1, [r[key] for r in trained]
+    waited = sum(r["time/rollout_wait"] for r in trained[1:]) / (steps - 1)
+    print(f"[drill] {channel} {latency} s late: rollout waited {waited:.2f} s per update; queues "
+          f"{[(name, max(r[f'channel/{name}_qsize'] for r in trained)) for name in ('trajectories', 'weights')]}")
+    assert waited >= latency / 2  # held back by the slow link, not queueing past it
