@@ -236,3 +236,21 @@ def test_only_env_and_rollout_workers_of_a_healing_run_are_replaced_in_place(mon
     past.faults = Faults(0)
     with pytest.raises(FaultsPastBudget):  # counted first: past the budget nothing is replaced
         replacement.replace_in_place(past, WorkerDied("env[1] died", ("env", 1)))
+
+
+def test_a_hand_over_returns_what_the_loop_dropped_once_the_loop_took_it_in():
+    from embodied_async.workers.base import HandOver
+
+    hand_over, answers = HandOver(), []
+    asking = threading.Thread(target=lambda: answers.append(hand_over.ask(3, 2, 5.0, "env worker 3's replacement")))
+    asking.start()
+    deadline = time.monotonic() + 5
+    while not hand_over and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for key, generation, dropped in hand_over.take():  # the loop, between its steps
+        assert (key, generation) == (3, 2) and asking.is_alive()  # answered only once taken in
+        dropped.update(decisions=4.0)
+    asking.join(timeout=5)
+    assert answers == [{"decisions": 4.0}] and not hand_over
+    with pytest.raises(TimeoutError, match="env worker 1's replacement: its loop did not take it in within 0 s"):
+        HandOver().ask(1, 1, 0.05, "env worker 1's replacement")

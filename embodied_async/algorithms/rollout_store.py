@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence
+from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from embodied_async.algorithms.version_gate import VersionGate
 
@@ -170,6 +170,13 @@ class RolloutStore:
 
     def held(self) -> int:
         return sum(len(q) for q in self.queues.values())
+
+    def accounted(self, stream: Hashable) -> Tuple[int, int]:
+        """``(acknowledged, held)`` of ``stream``, read in that order while another thread may
+        train: a trajectory moving from held to acknowledged meanwhile is missed, never counted
+        twice (a throttle starting from the sum can only be looser)."""
+        acknowledged = self.acknowledged[stream]
+        return acknowledged, len(self.queues[stream])
 
     def pop_metrics(self) -> Dict[str, float]:
         """Per update: trajectories per lag (0 to the run's highest bound, always present), the max

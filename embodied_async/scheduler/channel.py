@@ -6,7 +6,7 @@ its key is full, ``get`` while its key is empty; both take a timeout and raise `
 A timed-out operation is withdrawn: it never consumes or adds an item later. ``close()`` fails
 every waiting and later operation with :class:`ChannelClosed`.
 
-Both implementations run the same queue logic (:class:`_KeyedQueues`): LocalChannel under a
+Both implementations run the same queue logic (:class:`KeyedQueues`, ``keyed_queues.py``): LocalChannel under a
 lock with thread-safe futures, RayChannel inside one asyncio actor with asyncio futures. Sharing
 it keeps the two behaviourally identical, and waiters are served first come, first served.
 """
@@ -18,10 +18,10 @@ import concurrent.futures
 import dataclasses
 import threading
 import uuid
-from collections import deque
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence
 
 from embodied_async.scheduler.futures import ChannelFuture, LocalFuture
+from embodied_async.scheduler.keyed_queues import ChannelClosed, KeyedQueues
 
 __all__ = ["ChannelClosed", "ChannelFuture", "LocalChannel", "RayChannel", "Shared", "create_channel", "payload_bytes"]
 
@@ -46,10 +46,6 @@ def payload_bytes(item: Any) -> int:
     return 8
 
 
-class ChannelClosed(Exception):
-    """The channel was closed; raised by every operation waiting at or issued after close()."""
-
-
 class Shared:
     """A payload stored once and read by every receiver of the messages that carry it.
 
@@ -68,106 +64,6 @@ class Shared:
         return _ray().get(self._ref) if self._ref is not None else self._value
 
 
-class _KeyState:
-    __slots__ = ("items", "getters", "putters")
-
-    def __init__(self):
-        self.items: deque = deque()
-        self.getters: deque = deque()  # waiters for an item, first come first served
-        self.putters: deque = deque()  # (item, waiter) pairs waiting for a free slot
-
-
-class _KeyedQueues:
-    """Per-key FIFO queues with waiting lists; not thread-safe (callers serialise access).
-
-    ``new_waiter()`` makes a future-like object with ``done``/``set_result``/``set_exception``.
-    Invariants per key: items waiting => no getters waiting; putters waiting => items full.
-    """
-
-    def __init__(self, maxsize: int, new_waiter: Callable[[], Any]):
-        if maxsize < 0:
-            raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
-        self.maxsize = maxsize
-        self.closed = False
-        self._new_waiter = new_waiter
-        self._keys: dict = {}
-
-    def _done(self, value=None, exc: Optional[BaseException] = None):
-        waiter = self._new_waiter()
-        if exc is not None:
-            waiter.set_exception(exc)
-        else:
-            waiter.set_result(value)
-        return waiter
-
-    def _full(self, state: _KeyState) -> bool:
-        return self.maxsize > 0 and len(state.items) >= self.maxsize
-
-    def _forget_if_idle(self, key) -> None:
-        # Drop empty per-key state so that many short-lived keys (e.g. one per episode) don't leak.
-        state = self._keys.get(key)
-        if state is not None and not (state.items or state.getters or state.putters):
-            del self._keys[key]
-
-    def put(self, item, key):
-        """Add ``item``; returns a waiter resolved (to None) once the item is queued."""
-        if self.closed:
-            return self._done(exc=ChannelClosed("put on a closed channel"))
-        state = self._keys.setdefault(key, _KeyState())
-        if state.getters:  # someone is already waiting: hand the item over directly
-            state.getters.popleft().set_result(item)
-            self._forget_if_idle(key)
-            return self._done()
-        if not self._full(state):
-            state.items.append(item)
-            return self._done()
-        waiter = self._new_waiter()
-        state.putters.append((item, waiter))
-        return waiter
-
-    def get(self, key):
-        """Take the oldest item of ``key``; returns a waiter resolved to the item."""
-        if self.closed:
-            return self._done(exc=ChannelClosed("get on a closed channel"))
-        state = self._keys.setdefault(key, _KeyState())
-        if state.items:
-            item = state.items.popleft()
-            if state.putters:  # a slot just freed up: admit the oldest waiting put
-                queued, putter = state.putters.popleft()
-                state.items.append(queued)
-                putter.set_result(None)
-            self._forget_if_idle(key)
-            return self._done(item)
-        waiter = self._new_waiter()
-        state.getters.append(waiter)
-        return waiter
-
-    def withdraw(self, key, waiter) -> bool:
-        """Cancel a still-waiting operation; False if it already completed (use its result)."""
-        state = self._keys.get(key)
-        if waiter.done() or state is None:
-            return False
-        if waiter in state.getters:
-            state.getters.remove(waiter)
-        else:
-            state.putters = deque(p for p in state.putters if p[1] is not waiter)
-        self._forget_if_idle(key)
-        return True
-
-    def qsize(self, key=None) -> int:
-        if key is not None:
-            state = self._keys.get(key)
-            return len(state.items) if state else 0
-        return sum(len(state.items) for state in self._keys.values())
-
-    def close(self) -> None:
-        self.closed = True
-        for state in self._keys.values():
-            for waiter in list(state.getters) + [p[1] for p in state.putters]:
-                waiter.set_exception(ChannelClosed("channel closed while waiting"))
-        self._keys.clear()  # items can no longer be taken: free them now
-
-
 class LocalChannel:
     """In-process keyed channel, safe to share between threads."""
 
@@ -175,7 +71,7 @@ class LocalChannel:
         self.name = name
         self.maxsize = maxsize
         self._lock = threading.Lock()
-        self._queues = _KeyedQueues(maxsize, concurrent.futures.Future)
+        self._queues = KeyedQueues(maxsize, concurrent.futures.Future)
 
     def put_async(self, item, key: Hashable = "default") -> ChannelFuture:
         """Queue ``item`` without blocking; the future resolves once it is in the queue."""
@@ -248,7 +144,7 @@ class _ChannelActor:
     """
 
     def __init__(self, maxsize: int):
-        self._queues = _KeyedQueues(maxsize, lambda: asyncio.get_running_loop().create_future())
+        self._queues = KeyedQueues(maxsize, lambda: asyncio.get_running_loop().create_future())
         # caller -> seq of its next call allowed to run. One small entry per RayChannel copy
         # that ever made a call; never dropped, since a copy may call again at any time.
         self._next_seq: dict = {}
@@ -301,6 +197,11 @@ class _ChannelActor:
         await self._enter(caller, seq)
         self._leave(caller, seq)
         return self._queues.qsize(key)
+
+    async def drop_getters(self, caller, seq, keys):
+        await self._enter(caller, seq)
+        self._leave(caller, seq)
+        return sum(self._queues.drop_getters(key) for key in keys)
 
     async def close(self, caller, seq):
         await self._enter(caller, seq)
@@ -426,7 +327,11 @@ class RayChannel:
             self._bytes += payload_bytes(item)
 
     def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
-        """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
+        """Declare this process a consumer of ``keys``. ``take_over``: it replaces their consumer,
+        which the runner killed: the gets that one left waiting are failed first, so the next
+        item of each key comes here (a killed process's armed get would take it to nobody)."""
+        if take_over:
+            _ray().get(self._call("drop_getters", list(keys)))
 
     def reopen(self, key: Hashable) -> None:
         """The process at ``key``'s other end was replaced (``DirectChannel`` then connects anew;

@@ -113,6 +113,7 @@ class RoutedChannel:
 
     def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
         self.direct.listen([key for key in keys if key in self.direct_keys], take_over)
+        self.relayed.listen([key for key in keys if key not in self.direct_keys], take_over)
 
     def reopen(self, key: Hashable) -> None:
         self._route(key).reopen(key)

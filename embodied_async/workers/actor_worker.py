@@ -97,11 +97,10 @@ class ActorWorker(TrainerCore):
         meanwhile is missed, never counted twice, so the throttle can only be looser, and what
         is too stale the store drops."""
         version, shared, bound = self.last_published
-        streams = [stream for stream in self.store.streams if stream[0] == rollout_rank]
-        acknowledged = {stream[1]: self.store.acknowledged[stream] for stream in streams}
-        held = {stream[1]: len(self.store.queues[stream]) for stream in streams}
-        shipped = {index: acknowledged[index] + held[index] + self.actor_channel.qsize((rollout_rank, index, 0))
-                   for index in acknowledged}
+        acknowledged, shipped = {}, {}
+        for stream in [stream for stream in self.store.streams if stream[0] == rollout_rank]:
+            acknowledged[stream[1]], held = self.store.accounted(stream)
+            shipped[stream[1]] = acknowledged[stream[1]] + held + self.actor_channel.qsize((rollout_rank, stream[1], 0))
         self.weight_channel.put(WeightMessage(version, shared, acknowledged, bound, shipped), key=rollout_rank)
         return version
 

@@ -8,7 +8,7 @@ import resource
 import threading
 import time
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Iterator, List, Optional, Sequence, Tuple
 
 
 def setup_worker_process(device_kind: str, device_id: int, cpu_threads: int, seed: int) -> str:
@@ -167,3 +167,34 @@ def wait_future(future, stop: threading.Event, poll: float = 0.5):
         except TimeoutError:
             if stop.is_set():
                 raise Stopped from None
+
+
+class HandOver:
+    """Replacements of a worker's peers that its own loop takes in between its steps: the runner's
+    call ``ask``s (one request per key, e.g. the replaced env rank, with the new process's link
+    generation) and waits; the loop ``take``s the requests, drops what the old peer had under way,
+    fills in what it dropped, and the call returns that."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: Dict[Hashable, tuple] = {}  # key -> (generation, taken: Event, what was dropped)
+
+    def __bool__(self) -> bool:
+        return bool(self._requests)
+
+    def ask(self, key: Hashable, generation: int, timeout_s: float, what: str) -> Dict[str, float]:
+        taken, dropped = threading.Event(), {}
+        with self._lock:
+            self._requests[key] = (generation, taken, dropped)
+        if not taken.wait(timeout_s):
+            raise TimeoutError(f"{what}: its loop did not take it in within {timeout_s:.0f} s")
+        return dropped
+
+    def take(self) -> Iterator[Tuple[Hashable, int, Dict[str, float]]]:
+        """``(key, generation, dropped)`` of each request; the loop fills ``dropped`` in, and the
+        request is answered once the loop asks for the next."""
+        with self._lock:
+            requests, self._requests = self._requests, {}
+        for key, (generation, taken, dropped) in requests.items():
+            yield key, generation, dropped
+            taken.set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from embodied_async.registry import build_env
 from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.workers.base import (
     BusyTimer,
+    HandOver,
     ProcessClock,
     Stopped,
     process_metrics,
@@ -111,7 +112,7 @@ class EnvWorker:
         # at either end (``data.EnvOutput.generation``); a new process's simulators are seeded anew,
         # so they do not replay the episodes of the one it replaces
         self.generation = generation
-        self._rollout_replacement: Optional[tuple] = None  # (generation, taken: Event, what was dropped)
+        self._rollout_replacement = HandOver()  # of the rollout worker this one serves
         seed = cfg.runner.seed * 100_003 + rank * 1009 + generation * 7_919
         setup_worker_process(topology.device_kind, device_id, cfg.cluster.cpu_threads_per_worker, seed)
         stages, per_stage = topology.stages, topology.envs_per_stage
@@ -229,20 +230,19 @@ class EnvWorker:
         hung): the loop starts every stage's episodes anew and sends their first observations to
         the new process, as ``generation``. What was dropped: the decisions of the trajectories
         under way (``decisions``, per stage) and ``samples`` (decisions x sub-envs)."""
-        taken, dropped = threading.Event(), {}
-        with self._lock:
-            self._rollout_replacement = (generation, taken, dropped)
-        if not taken.wait(timeout_s):
-            raise TimeoutError(f"env worker {self.rank}: its loop did not take in the rollout worker's replacement "
-                               f"within {timeout_s:.0f} s")
-        return dropped
+        return self._rollout_replacement.ask("rollout", generation, timeout_s,
+                                             f"env worker {self.rank}, the rollout worker's replacement")
 
     def _take_rollout_replacement(self) -> bool:
-        with self._lock:
-            request, self._rollout_replacement = self._rollout_replacement, None
-        if request is None:
-            return False
-        self.generation, taken, dropped = request
+        taken = False
+        for _, generation, dropped in self._rollout_replacement.take():
+            self._restart_stages(generation, dropped)
+            taken = True
+        return taken
+
+    def _restart_stages(self, generation: int, dropped: Dict[str, float]) -> None:
+        """Every stage's episodes anew, their first observations sent as ``generation``."""
+        self.generation = generation
         num_steps, decisions = self.cfg.rollout.num_steps, 0
         for stage in range(len(self.envs)):
             decisions += self._decisions[stage] % num_steps
@@ -255,8 +255,6 @@ class EnvWorker:
                 self.stats[stage].restart()
             self._put(stage, self._reset(stage))
         dropped.update(decisions=float(decisions), samples=float(decisions * self.envs[0].num_envs))
-        taken.set()
-        return True
 
     def _wait_for_rollout(self) -> None:
         """The rollout worker's end of a channel closed (its process ended): wait until the runner

@@ -20,6 +20,7 @@ from embodied_async.scheduler.channel import ChannelClosed
 from embodied_async.scheduler.futures import first_done
 from embodied_async.workers.base import (
     BusyTimer,
+    HandOver,
     ProcessClock,
     Stopped,
     process_metrics,
@@ -97,10 +98,9 @@ class RolloutWorker:
         self.link_generations = {env_rank: (link_generations or {}).get(env_rank, 0) for env_rank in self.env_ranks}
         self._counts_pending = link_generations is not None  # no trajectory before the actor says where to begin
         self._lost_streams: set = set()
-        self._replacements: Dict[int, tuple] = {}  # env rank -> (generation, taken: Event, what was dropped)
-        self._replacements_lock = threading.Lock()
+        self._replacements = HandOver()  # of env workers, by env rank
         self.env_channel.listen(self.stream_keys, take_over=link_generations is not None)  # a replacement
-        self.weight_channel.listen([rank])
+        self.weight_channel.listen([rank], take_over=link_generations is not None)
 
     # ---- weights -------------------------------------------------------------------------
     def _load(self, message: WeightMessage) -> bool:
@@ -333,18 +333,11 @@ class RolloutWorker:
         ``generation``, not started yet: the loop drops the trajectories that rank's streams had
         under way and serves the new process from its first observations. What was dropped:
         ``decisions`` (one per stream and step) and ``samples`` (one per sub-env and decision)."""
-        taken, dropped = threading.Event(), {}
-        with self._replacements_lock:
-            self._replacements[env_rank] = (generation, taken, dropped)
-        if not taken.wait(timeout_s):
-            raise TimeoutError(f"rollout worker {self.rank}: its loop did not take in env worker {env_rank}'s "
-                               f"replacement within {timeout_s:.0f} s")
-        return dropped
+        return self._replacements.ask(env_rank, generation, timeout_s,
+                                      f"rollout worker {self.rank}, env worker {env_rank}'s replacement")
 
     def _take_replacements(self, parked: List[Optional[EnvOutput]]) -> None:
-        with self._replacements_lock:
-            requests, self._replacements = self._replacements, {}
-        for env_rank, (generation, taken, dropped) in requests.items():
+        for env_rank, generation, dropped in self._replacements.take():
             self.link_generations[env_rank] = generation
             steps = []
             for stream, key in enumerate(self.stream_keys):
@@ -358,7 +351,6 @@ class RolloutWorker:
                 self.env_channel.reopen(key)
                 self.action_channel.reopen(key)
             dropped.update(decisions=float(len(steps)), samples=float(sum(len(step.actions) for step in steps)))
-            taken.set()
 
     def stop(self) -> None:
         self._stop.set()

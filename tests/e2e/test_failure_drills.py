@@ -48,7 +48,13 @@ def sigkill_mid_run(args, marker: str, timeout: float, victim, signum=signal.SIG
         seen = wait_for_line(proc, marker, timeout=timeout)
         os.kill(victim(proc.pid), signum)
         killed = time.monotonic()
-        rest, _ = proc.communicate(timeout=120)
+        try:
+            rest, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # what it printed says where it stuck
+            kill_session(proc.pid)
+            rest, _ = proc.communicate(timeout=30)
+            printed = "".join(seen)[-2000:] + rest[-6000:]
+            raise AssertionError(f"the run did not end within 120 s of the signal:\n{printed}") from None
         ended_after = time.monotonic() - killed
     finally:
         if proc.poll() is None:

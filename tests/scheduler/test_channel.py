@@ -226,3 +226,21 @@ def test_ray_channel_used_inside_another_actor():
     channel.put("thanks", key="reply")
     assert ray.get(done, timeout=20) == "thanks"
     assert RayChannel.connect(channel.name).maxsize == 2
+
+
+def test_a_consumer_that_takes_over_fails_the_gets_its_killed_predecessor_left_waiting():
+    """A killed consumer's armed get stays queued in the channel's actor: without the take-over
+    it would take the next item to nobody (the replaced rollout worker then never got its weights)."""
+    name = f"takeover-{uuid.uuid4().hex[:8]}"
+    predecessor, producer = RayChannel.create(name, maxsize=2), RayChannel.connect(name)
+    armed = predecessor.get_async(key=0)  # never read again: its process is gone
+    successor = RayChannel.connect(name)
+    successor.listen([0, 1], take_over=True)
+    with pytest.raises(ChannelClosed):  # answered at once: nothing is left for it
+        armed.result(timeout=5)
+    producer.put("weights", key=0)
+    assert successor.get(key=0, timeout=5) == "weights"
+    waiting = successor.get_async(key=0)
+    RayChannel.connect(name).listen([0])  # a first start leaves the waiting gets alone
+    producer.put("next", key=0)
+    assert waiting.result(timeout=5) == "next"
