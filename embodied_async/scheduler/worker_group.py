@@ -181,6 +181,7 @@ class WorkerGroup:
             self.slots = slots if slots is not None else worker_slots(device_kind, self.device_ids, num_nodes)
             self.nodes = [node for node, _ in self.slots]
             self.remote_cls = ray.remote(num_cpus=0, max_concurrency=8, enable_task_events=False)(cls)
+            self._process_ids: Dict[int, Any] = {}  # rank -> the pending (node, pid) of its process
             self.workers = [self._start_process(rank) for rank in range(len(self.slots))]
         else:
             for rank, device_id in enumerate(self.device_ids):
@@ -191,7 +192,27 @@ class WorkerGroup:
     def _start_process(self, rank: int, **extra_kwargs) -> Any:
         node, local_id = self.slots[rank]
         kwargs = dict(self.kwargs_for(rank), **extra_kwargs, device_id=local_id)
-        return self.remote_cls.options(**_actor_options(self.device_kind, node)).remote(**kwargs)
+        worker = self.remote_cls.options(**_actor_options(self.device_kind, node)).remote(**kwargs)
+        # asked now, answered once it is built: a process that hangs later can still be killed
+        self._process_ids[rank] = worker.__ray_call__.remote(_process_id)
+        return worker
+
+    def _kill_process(self, rank: int) -> None:
+        """Ray's kill asks the process to exit, which a stopped (SIGSTOP, wedged) one never does,
+        holding its memory until the run ends: on this node it is also SIGKILLed by its pid."""
+        import ray
+
+        try:
+            ray.kill(self.workers[rank], no_restart=True)
+        except Exception:  # already gone
+            pass
+        ready, _ = ray.wait([self._process_ids[rank]], timeout=0)
+        try:
+            node, pid = ray.get(ready[0]) if ready else (None, None)
+            if node == ray.get_runtime_context().get_node_id() and _is_ray_worker(pid):
+                os.kill(pid, signal.SIGKILL)
+        except Exception:  # never built, gone already, or not ours to signal
+            pass
 
     def replace(self, rank: int, **extra_kwargs) -> None:
         """Kill worker ``rank``'s process (dead already, or hung) and start a new one in its place,
@@ -199,12 +220,7 @@ class WorkerGroup:
         worker dies on its own."""
         if self.backend != "ray":
             raise RuntimeError(f"{self.name}[{rank}]: only a worker process (cluster.backend=ray) can be replaced")
-        import ray
-
-        try:
-            ray.kill(self.workers[rank], no_restart=True)
-        except Exception:  # already gone
-            pass
+        self._kill_process(rank)
         self.workers[rank] = self._start_process(rank, **extra_kwargs)
 
     def __len__(self) -> int:
@@ -233,16 +249,23 @@ class WorkerGroup:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self.backend == "ray":
-            import ray
-
-            for worker in self.workers:
-                try:
-                    ray.kill(worker)
-                except Exception:  # already gone
-                    pass
+            for rank in range(len(self.workers)):
+                self._kill_process(rank)
         else:
             for pool in self._pools:
                 pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _process_id(_instance) -> Tuple[str, int]:
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+def _is_ray_worker(pid: int) -> bool:
+    """Still a Ray worker process (a pid of a process that ended may have been given to another)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().startswith(b"ray::")
 
 
 def _result_naming_worker(pending: Pending) -> Any:
