@@ -7,7 +7,7 @@ workers anew (``runner.node_wait_s``)."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, List, Set
+from typing import Callable, Dict, Iterable, List, Set
 
 from embodied_async.scheduler.worker_group import alive_nodes
 
@@ -21,35 +21,57 @@ def _here() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def responsive(node_ids: Iterable[str], timeout: float = PROBE_TIMEOUT_S) -> Set[str]:
-    """Those of ``node_ids`` that run a trivial task pinned to them within ``timeout`` seconds."""
+def _probe(node: str):
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    probe = ray.remote(num_cpus=0)(_here)
-    refs = {probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(): node
-            for node in set(node_ids)}
-    ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
-    for ref in late:
-        ray.cancel(ref, force=True)
+    return ray.remote(num_cpus=0)(_here).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+
+
+def _answered(probes: Dict[str, object]) -> Set[str]:
+    """The nodes whose probe ran; a probe that failed (unschedulable: the node is gone) is dropped,
+    one still pending is kept (a node's first task may wait for a worker process to start)."""
+    import ray
+
+    refs = list(probes.values())
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
     answered = set()
-    for ref in ready:
-        try:
-            ray.get(ref)
-            answered.add(refs[ref])
-        except Exception:  # unschedulable there: the node is gone
-            pass
+    for node, ref in list(probes.items()):
+        if ref in ready:
+            try:
+                ray.get(ref)
+                answered.add(node)
+            except Exception:
+                del probes[node]
     return answered
+
+
+def responsive(node_ids: Iterable[str], timeout: float = PROBE_TIMEOUT_S) -> Set[str]:
+    """Those of ``node_ids`` that run a trivial task pinned to them within ``timeout`` seconds."""
+    probes = {node: _probe(node) for node in set(node_ids)}
+    deadline = time.monotonic() + timeout
+    while True:
+        answered = _answered(probes)
+        if len(answered) == len(probes) or time.monotonic() >= deadline:
+            return answered
+        time.sleep(0.05)
 
 
 def wait_for_nodes(num_nodes: int, device_kind: str, timeout_s: float, log: Callable[[str], None]) -> List[str]:
     """Wait up to ``timeout_s`` seconds until the cluster has ``num_nodes`` nodes with the device
-    kind's resource, every one responsive; the responsive ones (fewer when the time ran out)."""
+    kind's resource, every one having run a probe (kept across looks: a new node's first task
+    waits for a worker process, which can take longer than a look); the ones that answered
+    (fewer when the time ran out)."""
     resource = "GPU" if device_kind == "gpu" else "CPU"
     deadline, next_note = time.monotonic() + timeout_s, 0.0
+    probes: Dict[str, object] = {}
     while True:
         listed = [node["NodeID"] for node in alive_nodes(resource)]
-        answering = responsive(listed)
+        for node in listed:
+            if node not in probes:
+                probes[node] = _probe(node)
+        answering = _answered(probes) & set(listed)
         if len(answering) >= num_nodes and len(answering) == len(listed):
             return listed
         if time.monotonic() >= deadline:
