@@ -231,14 +231,15 @@ def test_a_worker_that_hangs_again_past_the_budget_stops_the_run_naming_every_fa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("channel", ["trajectories", "weights"])
-def test_a_slow_link_holds_its_producers_back_and_nothing_piles_up(tmp_path, channel):
-    """Injected latency (cluster.inject_channel_latency_s): every item on one channel reaches its
-    consumer 0.5 s late. The producers wait (backpressure): no queue grows past its bound or over
-    the run, the staleness bound holds, and the run finishes its updates."""
+def test_a_slow_link_holds_its_producers_back_and_nothing_piles_up(tmp_path):
+    """Injected latency (cluster.inject_channel_latency_s): every item on the trajectories and the
+    weights channels reaches its consumer 0.5 s late. The producers wait (backpressure): no queue
+    grows past its bound or over the run, the staleness bound holds, and the run finishes its
+    updates."""
     latency, steps = 0.5, 10
     log_path = tmp_path / "run"
-    args = [*SMALL_CLI, f"runner.max_steps={steps}", f"+cluster.inject_channel_latency_s.{channel}={latency}"]
+    args = [*SMALL_CLI, f"runner.max_steps={steps}", *(f"+cluster.inject_channel_latency_s.{channel}={latency}"
+                                                         for channel in ("trajectories", "weights"))]
     run = subprocess.run([sys.executable, ENTRY, *args, f"runner.logger.log_path={log_path}"], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -259,6 +260,6 @@ def test_a_slow_link_holds_its_producers_back_and_nothing_piles_up(tmp_path, cha
         key = f"channel/{name}_qsize"
         assert max(r[key] for r in later) <= max(r[key] for r in trained[:steps // 2]) + 1, [r[key] for r in trained]
     waited = sum(r["time/rollout_wait"] for r in trained[1:]) / (steps - 1)
-    print(f"[drill] {channel} {latency} s late: rollout waited {waited:.2f} s per update; queues "
+    print(f"[drill] trajectories and weights {latency} s late: rollout waited {waited:.2f} s per update; queues "
           f"{[(name, max(r[f'channel/{name}_qsize'] for r in trained)) for name in ('trajectories', 'weights')]}")
     assert waited >= latency / 2  # held back by the slow link, not queueing past it
