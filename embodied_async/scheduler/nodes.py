@@ -6,6 +6,7 @@ workers anew (``runner.node_wait_s``)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Dict, Iterable, List, Set
 
@@ -21,12 +22,17 @@ def _here() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _probe(node: str):
+@functools.lru_cache(maxsize=1)
+def _remote_here():
     import ray
+
+    return ray.remote(num_cpus=0)(_here)  # registered with Ray once, not at every probe
+
+
+def _probe(node: str):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(num_cpus=0)(_here).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    return _remote_here().options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
 
 
 def _answered(probes: Dict[str, object]) -> Set[str]:
