@@ -11,7 +11,7 @@ import pytest
 from embodied_async.runner import faults as faults_module
 from embodied_async.runner import healing
 from embodied_async.runner.faults import Faults, FaultsPastBudget
-from embodied_async.runner.loop import check_hangs
+from embodied_async.runner.loop import BusyLimit, check_hangs
 from embodied_async.scheduler.worker_group import Pending, WorkerDied, WorkerFailed, WorkerHung
 from embodied_async.workers.base import BusyTimer
 
@@ -182,7 +182,7 @@ def test_the_actor_is_hung_when_silent_or_updating_past_its_bound_and_never_whil
         return SimpleNamespace(looping=lambda: [_group("env", [None])], groups={"actor": None},
                                actor=_group("actor", beats))
 
-    bound = (120.0, "runner.update_hang_factor=10 x its longest update so far (12.0 s)")
+    bound = BusyLimit(120.0, "runner.update_hang_factor=10 x its longest update so far (12.0 s)")
     check_hangs(graph([None, ("update", 119.0)]), timeout=5, update_limit=bound)  # waiting, or inside its bound
     check_hangs(graph([("update", 5000.0)]), timeout=5)  # the first update: no bound yet
     with pytest.raises(WorkerHung, match=r"actor\[1\] hung: busy in its 'update' section for 121 s, more than "
@@ -202,8 +202,8 @@ def test_the_update_bound_follows_the_longest_update_and_is_never_below_the_hang
         return Runner._update_limit(runner)
 
     assert limit(0.0) is None  # no update finished yet
-    assert limit(12.0)[0] == 120.0 and "longest update so far (12.0 s)" in limit(12.0)[1]
-    assert limit(0.5)[0] == 60.0  # fast updates: the hang timeout
+    assert limit(12.0).seconds == 120.0 and "longest update so far (12.0 s)" in limit(12.0).setting
+    assert limit(0.5).seconds == 60.0  # fast updates: the hang timeout
     assert limit(12.0, factor=0) is None  # never
 
 

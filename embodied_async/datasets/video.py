@@ -63,7 +63,9 @@ class VideoFileWriter:
             raise VideoError(f"{self.path}: frames must be uint8 [T, {self.height}, {self.width}, 3], got "
                              f"{frames.dtype} {list(frames.shape)}")
         for frame in frames:
+            # converted here with one thread, as decode_frames does, so the encoder keeps no scaler
             picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+            picture = picture.reformat(format="yuv420p", threads=1)
             picture.pts = self.frames_written
             self.frames_written += 1
             for packet in self._stream.encode(picture):
@@ -99,7 +101,10 @@ def decode_frames(path: str, timestamps: np.ndarray, tolerance_s: float = TIME_T
                 if t < first - tolerance_s:
                     continue
                 times.append(t)
-                pictures.append(frame.to_ndarray(format="rgb24"))
+                # one thread: PyAV keeps the scaler per thread, and one with a thread pool hangs a
+                # process forked (with a preexec_fn, as Ray starts a raylet) from another thread
+                # when that child frees it; frames this small gain nothing from threads
+                pictures.append(frame.to_ndarray(format="rgb24", threads=1))
                 if t >= last - tolerance_s:
                     break
     except (av.error.FFmpegError, IndexError, ValueError, OSError) as err:  # damaged, truncated, no video stream

@@ -13,7 +13,7 @@ import dataclasses
 import shutil
 import signal
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from embodied_async import run_folder, signals
 from embodied_async.config import Topology, TrainConfig, resolve_topology
@@ -165,14 +165,14 @@ class Runner:
             except TimeoutError:
                 check_hangs(self.graph, timeout, self._update_limit())
 
-    def _update_limit(self) -> Optional[Tuple[float, str]]:
+    def _update_limit(self) -> Optional["BusyLimit"]:
         """How long the actor's update may take before it is hung (``runner.update_hang_factor``
         times the longest of this attempt's updates, at least ``runner.hang_timeout_s``), and why."""
         factor, longest = self.cfg.runner.update_hang_factor, self.longest_update_s
         if not factor or not longest:
             return None
         limit = max(factor * longest, self.cfg.runner.hang_timeout_s)
-        return limit, f"runner.update_hang_factor={factor:g} x its longest update so far ({longest:.1f} s)"
+        return BusyLimit(limit, f"runner.update_hang_factor={factor:g} x its longest update so far ({longest:.1f} s)")
 
     def _healing(self, wait: Callable[[], Any]) -> Any:
         """``wait()``, again after each dead or hung worker it meets was replaced in place
@@ -377,13 +377,21 @@ class Runner:
                 "wall_time_s": self.state.get("wall_time_s", 0.0), **self.totals, **self.mode.summary()}
 
 
-def check_hangs(graph: Graph, timeout: float, update_limit: Optional[Tuple[float, str]] = None) -> None:
+class BusyLimit(NamedTuple):
+    """How long a worker may stay in one section before it is hung, and the setting that says so
+    (for the message)."""
+
+    seconds: float
+    setting: str
+
+
+def check_hangs(graph: Graph, timeout: float, update_limit: Optional[BusyLimit] = None) -> None:
     """``WorkerHung`` for the first worker (one with a ``heartbeat``) not answering within
     ``timeout`` seconds, or busy in one section for longer than its bound: a looping worker's is
-    ``timeout``, the actor's ``update_limit`` (seconds, how it was set; None: none). The section
+    ``timeout``, the actor's ``update_limit`` (None: none). The section
     names what it was doing (``env``: stepping its simulators; ``rollout``: computing actions;
     ``update``: the actor's update)."""
-    bounds = [(group, (timeout, f"runner.hang_timeout_s={timeout:g}")) for group in graph.looping()]
+    bounds = [(group, BusyLimit(timeout, f"runner.hang_timeout_s={timeout:g}")) for group in graph.looping()]
     if "actor" in graph.groups:
         bounds.append((graph.actor, update_limit))
     for group, bound in bounds:
@@ -391,6 +399,6 @@ def check_hangs(graph: Graph, timeout: float, update_limit: Optional[Tuple[float
             continue
         busy = wait_answers(group.call("heartbeat"), timeout=timeout)
         for rank, section in enumerate(busy):
-            if section is not None and bound is not None and section[1] > bound[0]:
+            if section is not None and bound is not None and section[1] > bound.seconds:
                 raise WorkerHung(f"{group.name}[{rank}] hung: busy in its '{section[0]}' section for "
-                                 f"{section[1]:.0f} s, more than {bound[1]}", (group.name, rank))
+                                 f"{section[1]:.0f} s, more than {bound.setting}", (group.name, rank))

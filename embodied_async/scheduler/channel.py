@@ -127,7 +127,9 @@ class LocalChannel:
         return {"messages": 0.0, "bytes": 0.0, "refused_connections": 0.0}
 
     def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
-        """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing)."""
+        """Declare this process a consumer of ``keys`` (needed by ``DirectChannel``; here nothing).
+        ``take_over``: this process replaces the keys' consumer, which the runner killed (dead, or
+        stopped and dying); nothing that one left on the channel may take the keys' next items."""
 
     def reopen(self, key: Hashable) -> None:
         """The process at ``key``'s other end was replaced (``DirectChannel`` then connects anew;
@@ -327,9 +329,8 @@ class RayChannel:
             self._bytes += payload_bytes(item)
 
     def listen(self, keys: Sequence[Hashable], take_over: bool = False) -> None:
-        """Declare this process a consumer of ``keys``. ``take_over``: it replaces their consumer,
-        which the runner killed: the gets that one left waiting are failed first, so the next
-        item of each key comes here (a killed process's armed get would take it to nobody)."""
+        """Declare this process a consumer of ``keys``. Taking over, the gets the killed consumer
+        left waiting are failed first (an armed get of a dead process takes the next item to nobody)."""
         if take_over:
             _ray().get(self._call("drop_getters", list(keys)))
 

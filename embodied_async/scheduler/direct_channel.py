@@ -310,9 +310,8 @@ class DirectChannel:
         """Declare this process the consumer of ``keys`` and accept their producers from now on.
         A producer's first put waits until its consumer listens, so every consumer calls this
         when it starts, before it waits for anything: otherwise two processes that each put
-        before they get could wait for each other's listener. ``take_over``: this process
-        replaces the keys' consumer, which the runner killed (dead, or stopped and dying): the
-        socket names it may have left are removed first."""
+        before they get could wait for each other's listener. Taking over, the socket names the
+        killed consumer may have left are removed first (a stopped one still holds its socket)."""
         for key in keys:
             link = self._link(key)
             with link.in_lock:

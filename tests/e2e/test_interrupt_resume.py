@@ -30,6 +30,17 @@ def kill_session(sid: int) -> None:
     subprocess.run(["pkill", "-KILL", "-s", str(sid)], check=False)
 
 
+def output_when_ended(proc, timeout: float) -> str:
+    """Everything ``proc`` (started in a session of its own) printed, once it ended; past
+    ``timeout`` seconds its session is killed (and TimeoutExpired raised)."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc.pid)
+    return output
+
+
 def wait_for_line(proc, marker: str, timeout: float) -> list:
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:

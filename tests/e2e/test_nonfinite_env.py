@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 from test_failure_drills import assert_no_process_left
-from test_interrupt_resume import ENTRY, kill_session
+from test_interrupt_resume import ENTRY, output_when_ended
 
 from embodied_async.config import ConfigError, check
 from embodied_async.data import ActionMessage, EnvOutput
@@ -108,11 +108,7 @@ def test_a_nan_reward_ends_a_real_run_naming_the_worker_key_and_step(tmp_path):
          "actor.micro_batch_size=8", "model.hidden_sizes=[32,32]", "runner.max_steps=1000",
          "runner.val_check_interval=0", "runner.save_interval=0", f"runner.logger.log_path={tmp_path / 'run'}"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            kill_session(proc.pid)
+    output = output_when_ended(proc, timeout=300)
     assert proc.returncode == 1, output[-3000:]
     report = re.search(r"env worker (\d), sub-env 0 of stage 0: rewards=nan at step 5 of that stage", output)
     assert report, output[-3000:]

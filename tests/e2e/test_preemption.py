@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import REPO_ROOT
 from test_failure_drills import assert_no_process_left
-from test_interrupt_resume import ENTRY, SMALL_CLI, kill_session, wait_for_line
+from test_interrupt_resume import ENTRY, SMALL_CLI, kill_session, output_when_ended, wait_for_line
 
 from embodied_async.checkpoint_io import verify_checkpoint
 
@@ -99,11 +99,7 @@ def small_filesystem(tmp_path):
 def test_a_full_disk_is_foretold_then_ends_the_run_in_one_line_and_the_last_checkpoint_is_whole(small_filesystem):
     log_path = small_filesystem / "run"
     proc = start_run(log_path, "runner.max_steps=1000", "runner.save_interval=1")
-    try:
-        output, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            kill_session(proc.pid)
+    output = output_when_ended(proc, timeout=600)
     assert proc.returncode == 1, output[-3000:]
     # 1001 checkpoints kept (runner.keep_checkpoints unset) cannot fit in 1 MiB: said before training
     assert re.search(r"\[runner\] warning: \d+ MiB are free where the run writes .* its checkpoints will take about "
