@@ -98,9 +98,10 @@ class ActorWorker(TrainerCore):
         is too stale the store drops."""
         version, shared, bound = self.last_published
         acknowledged, shipped = {}, {}
-        for stream in [stream for stream in self.store.streams if stream[0] == rollout_rank]:
-            acknowledged[stream[1]], held = self.store.accounted(stream)
-            shipped[stream[1]] = acknowledged[stream[1]] + held + self.actor_channel.qsize((rollout_rank, stream[1], 0))
+        for rank, index in self.store.streams:
+            if rank == rollout_rank:
+                acknowledged[index], held = self.store.accounted((rank, index))
+                shipped[index] = acknowledged[index] + held + self.actor_channel.qsize((rank, index, 0))
         self.weight_channel.put(WeightMessage(version, shared, acknowledged, bound, shipped), key=rollout_rank)
         return version
 
